@@ -1,0 +1,52 @@
+# captioning: two commands to know: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+# The CPU-usable torch pair this project is tested with (any torch>=2.1 works).
+TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: install demo test test-fast reproduce reproduce-quick lint bench clean data
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install $(TORCH_PINS)
+	$(PIP) install -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make demo: synthetic data -> features -> train -> evaluate -> captions + heatmaps (CPU, < 15 min)
+demo: $(STAMP)
+	$(PY) -m captioning.demo
+
+## make test: the whole suite, end-to-end runs included (what CI runs)
+test: $(STAMP)
+	$(PY) -m pytest -q -ra --durations=15
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+data: $(STAMP)
+	$(VENV)/bin/captioning-generate dataset=shapes
+	$(VENV)/bin/captioning-generate dataset=moving_shapes
+
+## make reproduce: the seeds' claims on the synthetic data, 3 seeds per variant -> results/
+reproduce: $(STAMP)
+	$(PY) -m captioning.reproduce
+
+reproduce-quick: $(STAMP)
+	$(PY) -m captioning.reproduce --quick
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check captioning tests
+
+bench: $(STAMP)
+	$(VENV)/bin/captioning-bench train --device cpu --batch-size 32 --steps 5
+	$(VENV)/bin/captioning-bench beam --device cpu
+	$(VENV)/bin/captioning-bench metrics --device cpu
+
+clean:
+	rm -rf outputs multirun results .pytest_cache
