@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,6 +29,10 @@ from captioning.errors import CaptioningError, ConfigError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: The Hydra config tree (``conf/`` at the repository root), as an absolute path so that
+#: console scripts, ``python -m`` and DDP re-launches all find it.
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 @dataclass

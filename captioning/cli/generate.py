@@ -17,7 +17,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from captioning.config import cli_errors, to_config
+from captioning.config import CONF_DIR, cli_errors, to_config
 
 log = logging.getLogger("captioning.generate")
 
@@ -50,7 +50,7 @@ def generate(cfg: GenerateConfig) -> dict[str, Any]:
     return result
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="generate")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="generate")
 @cli_errors
 def main(raw: DictConfig) -> None:
     cfg = to_config(raw, GenerateConfig)
