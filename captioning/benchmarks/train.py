@@ -1,0 +1,267 @@
+"""``captioning-bench train``: decoder training throughput, ours vs a tutorial-style decoder.
+
+Both models are the same soft-attention LSTM (Xu et al. 2015: additive attention, scalar
+gate, h0/c0 from the mean annotation, doubly stochastic regulariser, dropout) trained with
+Adam on the same random batch.  The baseline is written the way common tutorials write it:
+the batch is sorted by caption length and shrinks as captions end, ``U_a v`` is recomputed
+at every step, the vocabulary projection runs inside the loop, fp32.  Ours is
+``CaptionDecoder.compute_loss`` (keys projected once, whole padded batch per step, one
+output projection for all real tokens after the loop, optional bf16 autocast / compile).
+
+Reported: captions/s (forward + backward + Adam step) of each from the median step time
+(``best``: from the fastest step), the two models' steps alternating so that a busy machine
+slows both alike, and the speedup.
+Caption lengths are drawn uniformly from ``[length // 2, length]`` words (COCO-like), so the
+baseline's shrinking batch saves real work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from captioning.models.decoder import CaptionDecoder, DecoderConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--regions", type=int, default=196, help="annotation vectors N (14x14)")
+    parser.add_argument("--feature-dim", type=int, default=2048)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--attention-dim", type=int, default=512)
+    parser.add_argument("--embed", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=10000)
+    parser.add_argument("--length", type=int, default=20, help="max caption words")
+    parser.add_argument("--steps", type=int, default=20, help="timed training steps per model")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--amp",
+        default="auto",
+        choices=["auto", "bf16", "off"],
+        help="ours: bf16 autocast (auto = bf16 on cuda, off on cpu); the baseline stays fp32",
+    )
+    parser.add_argument("--compile", action="store_true", help="ours: torch.compile the loss")
+    parser.add_argument(
+        "--deep-output",
+        action="store_true",
+        help="ours: Xu's deep output layer (more work than the baseline's plain softmax)",
+    )
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-baseline", action="store_true")
+
+
+class TutorialDecoder(nn.Module):
+    """The common tutorial implementation of Show-Attend-Tell's decoder (the baseline)."""
+
+    def __init__(
+        self,
+        feature_dim: int,
+        embed: int,
+        hidden: int,
+        attention: int,
+        vocab: int,
+        dropout: float = 0.3,
+    ) -> None:
+        super().__init__()
+        self.encoder_att = nn.Linear(feature_dim, attention)
+        self.decoder_att = nn.Linear(hidden, attention)
+        self.full_att = nn.Linear(attention, 1)
+        self.embedding = nn.Embedding(vocab, embed)
+        self.init_h = nn.Linear(feature_dim, hidden)
+        self.init_c = nn.Linear(feature_dim, hidden)
+        self.f_beta = nn.Linear(hidden, 1)
+        self.cell = nn.LSTMCell(embed + feature_dim, hidden)
+        self.fc = nn.Linear(hidden, vocab)
+        self.dropout = nn.Dropout(dropout)
+        self.vocab = vocab
+
+    def loss(self, features: Tensor, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """``features [B,N,C]``, ``tokens [B,T+1]``, ``lengths [B]`` (tokens incl. bos/eos)."""
+        lengths, order = lengths.sort(descending=True)
+        features, tokens = features[order], tokens[order]
+        decode_lengths = (lengths - 1).tolist()
+        b, n, _ = features.shape
+        t_max = max(decode_lengths)
+        emb = self.embedding(tokens)
+        mean = features.mean(1)
+        h, c = self.init_h(mean), self.init_c(mean)
+        preds = features.new_zeros(b, t_max, self.vocab)
+        alphas = features.new_zeros(b, t_max, n)
+        for t in range(t_max):
+            bt = sum(1 for length in decode_lengths if length > t)
+            att1 = self.encoder_att(features[:bt])  # recomputed at every step
+            att2 = self.decoder_att(h[:bt])
+            e = self.full_att(torch.tanh(att1 + att2.unsqueeze(1))).squeeze(2)
+            alpha = torch.softmax(e, dim=1)
+            awe = (features[:bt] * alpha.unsqueeze(2)).sum(1)
+            awe = torch.sigmoid(self.f_beta(h[:bt])) * awe
+            h, c = self.cell(torch.cat([emb[:bt, t], awe], dim=1), (h[:bt], c[:bt]))
+            preds[:bt, t] = self.fc(self.dropout(h))
+            alphas[:bt, t] = alpha
+        targets = tokens[:, 1:]
+        packed_p = nn.utils.rnn.pack_padded_sequence(preds, decode_lengths, batch_first=True)
+        packed_t = nn.utils.rnn.pack_padded_sequence(targets, decode_lengths, batch_first=True)
+        xe = F.cross_entropy(packed_p.data, packed_t.data)
+        return xe + ((1.0 - alphas.sum(1)) ** 2).sum(1).mean()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _make_batch(args: Any, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    g = torch.Generator().manual_seed(args.seed)
+    b, length = args.batch_size, args.length
+    feats = torch.relu(torch.randn(b, args.regions, args.feature_dim, generator=g))
+    words = torch.randint(max(1, length // 2), length + 1, (b,), generator=g)
+    tokens = torch.zeros(b, length + 2, dtype=torch.long)
+    for i, n in enumerate(words.tolist()):
+        tokens[i, 0] = 1
+        tokens[i, 1 : n + 1] = torch.randint(4, args.vocab, (n,), generator=g)
+        tokens[i, n + 1] = 2
+    lengths = words + 2
+    mask = torch.ones(b, args.regions, dtype=torch.bool)
+    return feats.to(device), mask.to(device), tokens.to(device), lengths.to(device)
+
+
+def _time_interleaved(
+    fns: dict[str, Any], steps: int, warmup: int, device: torch.device
+) -> dict[str, list[float]]:
+    """Seconds per call of each function, the functions alternating call by call (so a busy
+    machine slows both alike)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(steps):
+        for name, fn in fns.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def _adam(params) -> torch.optim.Optimizer:
+    """Same optimiser for both models (fused kernel where this torch has one)."""
+    try:
+        return torch.optim.Adam(params, lr=1e-4, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.Adam(params, lr=1e-4)
+
+
+def run(args: Any) -> list[dict]:
+    device = torch.device(args.device)
+    if getattr(args, "threads", 0):
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    feats, mask, tokens, lengths = _make_batch(args, device)
+    amp = args.amp if args.amp != "auto" else ("bf16" if device.type == "cuda" else "off")
+    shape = {
+        "device": device.type,
+        "batch_size": args.batch_size,
+        "regions": args.regions,
+        "feature_dim": args.feature_dim,
+        "hidden": args.hidden,
+        "attention_dim": args.attention_dim,
+        "embed": args.embed,
+        "vocab": args.vocab,
+        "length": args.length,
+        "steps": args.steps,
+        "threads": torch.get_num_threads(),
+    }
+
+    cfg = DecoderConfig(
+        variant="soft_attention",
+        scoring="additive",
+        embed_dim=args.embed,
+        hidden_dim=args.hidden,
+        attention_dim=args.attention_dim,
+        dropout=0.3,
+        deep_output=bool(args.deep_output),
+    )
+    ours = CaptionDecoder(cfg, args.vocab, args.feature_dim).to(device).train()
+    opt = _adam(list(ours.parameters()))
+    loss_fn = ours.compute_loss
+    if args.compile:
+        loss_fn = torch.compile(ours.compute_loss, dynamic=False)
+
+    def ours_step() -> None:
+        ctx = (
+            torch.autocast(device.type, dtype=torch.bfloat16)
+            if amp == "bf16"
+            else contextlib.nullcontext()
+        )
+        with ctx:
+            loss = loss_fn(feats, mask, tokens)["loss"]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    fns: dict[str, Any] = {"ours": ours_step}
+    if not args.skip_baseline:
+        base = (
+            TutorialDecoder(
+                args.feature_dim, args.embed, args.hidden, args.attention_dim, args.vocab
+            )
+            .to(device)
+            .train()
+        )
+        base_opt = _adam(list(base.parameters()))
+
+        def base_step() -> None:
+            loss = base.loss(feats, tokens, lengths)
+            base_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            base_opt.step()
+
+        fns["baseline"] = base_step
+
+    times = _time_interleaved(fns, args.steps, args.warmup, device)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    best = {k: min(v) for k, v in times.items()}
+    results = [
+        {
+            "name": "train/ours",
+            "unit": "captions/s",
+            "value": round(args.batch_size / med["ours"], 2),
+            "best": round(args.batch_size / best["ours"], 2),
+            "amp": amp,
+            "compile": bool(args.compile),
+            "deep_output": bool(args.deep_output),
+            **shape,
+        }
+    ]
+    if args.skip_baseline:
+        return results
+    results.append(
+        {
+            "name": "train/baseline",
+            "unit": "captions/s",
+            "value": round(args.batch_size / med["baseline"], 2),
+            "best": round(args.batch_size / best["baseline"], 2),
+            "amp": "off",
+            **shape,
+        }
+    )
+    results.append(
+        {
+            "name": "train/speedup",
+            "unit": "x",
+            "value": round(med["baseline"] / med["ours"], 2),
+            "best": round(best["baseline"] / best["ours"], 2),
+            "target": 8.0,
+            **shape,
+        }
+    )
+    return results

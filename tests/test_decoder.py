@@ -1,0 +1,234 @@
+"""CaptionDecoder: variants train, masking, training path == step path, state handling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from captioning.errors import ConfigError
+from captioning.models.decoder import VARIANTS, CaptionDecoder, DecoderConfig
+
+V, C, N = 12, 6, 4
+
+
+def _small(variant: str, **kw) -> DecoderConfig:
+    base = dict(variant=variant, embed_dim=16, hidden_dim=24, attention_dim=8, dropout=0.0)
+    base.update(kw)
+    return DecoderConfig(**base)
+
+
+def _toy_batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(6, N, C, generator=g)
+    mask = torch.ones(6, N, dtype=torch.bool)
+    mask[1, 2:] = False
+    mask[4, 3:] = False
+    tokens = torch.tensor(
+        [
+            [1, 4, 5, 6, 2, 0],
+            [1, 7, 8, 2, 0, 0],
+            [1, 9, 10, 11, 4, 2],
+            [1, 5, 5, 2, 0, 0],
+            [1, 6, 2, 0, 0, 0],
+            [1, 11, 10, 9, 2, 0],
+        ]
+    )
+    return feats, mask, tokens
+
+
+@pytest.mark.parametrize(
+    "variant,extra",
+    [
+        ("show_tell", {}),
+        ("mean_pool", {}),
+        ("soft_attention", {}),
+        ("soft_attention", {"scoring": "dot", "deep_output": False, "num_layers": 2}),
+        ("soft_attention", {"scoring": "general", "gate": False, "bidirectional_encoder": True}),
+        ("hard_attention", {"soft_fraction": 0.5}),
+    ],
+)
+def test_variants_train_on_toy_problem(variant: str, extra: dict) -> None:
+    torch.manual_seed(0)
+    dec = CaptionDecoder(_small(variant, **extra), V, C)
+    feats, mask, tokens = _toy_batch()
+    opt = torch.optim.Adam(dec.parameters(), lr=2e-2)
+    xes = []
+    for _ in range(40):
+        out = dec.compute_loss(feats, mask, tokens)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        xes.append(float(out["xe"].detach()))
+        assert torch.isfinite(out["loss"])
+    assert xes[-1] < 0.5 * xes[0], xes
+    if variant == "hard_attention":
+        assert {"reinforce", "entropy", "baseline"} <= set(out)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_training_path_equals_step_path(variant: str, num_layers: int) -> None:
+    torch.manual_seed(1)
+    dec = CaptionDecoder(_small(variant, num_layers=num_layers), V, C).eval()
+    feats, mask, tokens = _toy_batch(1)
+    xe = dec.compute_loss(feats, mask, tokens)["xe"].detach()
+    torch.set_grad_enabled(False)
+    state = dec.init_state(feats, mask)
+    total, count = 0.0, 0
+    for t in range(tokens.shape[1] - 1):
+        lp, alpha, state = dec.step(tokens[:, t], state)
+        tgt = tokens[:, t + 1]
+        real = tgt != 0
+        total += float(-lp[real].gather(1, tgt[real].unsqueeze(1)).sum())
+        count += int(real.sum())
+        if alpha is not None:
+            assert torch.all(alpha[~mask] == 0)
+            torch.testing.assert_close(alpha.sum(-1), torch.ones(6))
+    torch.set_grad_enabled(True)
+    assert float(xe) == pytest.approx(total / count, rel=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["show_tell", "mean_pool", "soft_attention"])
+def test_deferred_weight_gradients_equal_plain_autograd(variant: str) -> None:
+    """compute_loss (weight grads computed once after the loop) == step-by-step autograd."""
+    torch.manual_seed(7)
+    dec = CaptionDecoder(_small(variant, num_layers=2), V, C).eval()
+    feats, mask, tokens = _toy_batch(7)
+    dec.compute_loss(feats, mask, tokens)["xe"].backward()
+    fast = {n: p.grad.clone() for n, p in dec.named_parameters() if p.grad is not None}
+    dec.zero_grad(set_to_none=True)
+    state = dec.init_state(feats, mask)
+    total = torch.zeros(())
+    count = 0
+    for t in range(tokens.shape[1] - 1):
+        lp, _, state = dec.step(tokens[:, t], state)
+        tgt = tokens[:, t + 1]
+        real = tgt != 0
+        total = total - lp[real].gather(1, tgt[real].unsqueeze(1)).sum()
+        count += int(real.sum())
+    (total / count).backward()
+    slow = {n: p.grad for n, p in dec.named_parameters() if p.grad is not None}
+    assert fast.keys() == slow.keys()
+    for name in fast:
+        torch.testing.assert_close(fast[name], slow[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("scoring", ["additive", "dot", "general"])
+@pytest.mark.parametrize("variant", ["soft_attention", "hard_attention", "mean_pool"])
+def test_masked_positions_get_zero_attention_and_zero_gradient(variant: str, scoring: str) -> None:
+    torch.manual_seed(2)
+    dec = CaptionDecoder(_small(variant, scoring=scoring), V, C).eval()
+    feats, mask, tokens = _toy_batch(2)
+    feats.requires_grad_(True)
+    dec.compute_loss(feats, mask, tokens)["loss"].backward()
+    assert torch.all(feats.grad[~mask] == 0)
+    assert feats.grad[mask].abs().sum() > 0
+    # padded features do not change anything
+    feats2 = feats.detach().clone()
+    feats2[~mask] = 1e3
+    a = dec.compute_loss(feats.detach(), mask, tokens)["loss"]
+    b = dec.compute_loss(feats2, mask, tokens)["loss"]
+    torch.testing.assert_close(a, b)
+
+
+def test_bidirectional_encoder_ignores_padding() -> None:
+    torch.manual_seed(3)
+    dec = CaptionDecoder(_small("soft_attention", bidirectional_encoder=True), V, C).eval()
+    feats, mask, tokens = _toy_batch(3)
+    feats2 = feats.clone()
+    feats2[~mask] = 7.0
+    torch.testing.assert_close(
+        dec.compute_loss(feats, mask, tokens)["loss"],
+        dec.compute_loss(feats2, mask, tokens)["loss"],
+    )
+    assert dec.context_dim == 24
+
+
+def test_hard_attention_reinforce_terms_and_baseline() -> None:
+    torch.manual_seed(4)
+    dec = CaptionDecoder(_small("hard_attention", soft_fraction=0.0, baseline_decay=0.5), V, C)
+    feats, mask, tokens = _toy_batch(4)
+    out = dec.compute_loss(feats, mask, tokens)
+    # first update starts the baseline at the mean reward (= -mean sequence NLL)
+    n_tok = int((tokens[:, 1:] != 0).sum())
+    mean_reward = -float(out["xe"].detach()) * n_tok / tokens.shape[0]
+    assert float(out["baseline"]) == pytest.approx(mean_reward, rel=1e-4)
+    assert int(dec.reinforce_updates) == 1
+    out["loss"].backward()
+    assert dec.attention.query_proj.weight.grad.abs().sum() > 0
+    out2 = dec.compute_loss(feats, mask, tokens)
+    reward2 = -float(out2["xe"].detach()) * n_tok / tokens.shape[0]
+    assert float(out2["baseline"]) == pytest.approx(0.5 * mean_reward + 0.5 * reward2, rel=1e-4)
+    # soft batches: no REINFORCE, baseline untouched
+    dec.cfg.soft_fraction = 1.0
+    out3 = dec.compute_loss(feats, mask, tokens)
+    assert float(out3["reinforce"].detach()) == 0.0
+    assert int(dec.reinforce_updates) == 2
+    # eval: deterministic (argmax), no update
+    dec.eval()
+    a = dec.compute_loss(feats, mask, tokens)["loss"]
+    b = dec.compute_loss(feats, mask, tokens)["loss"]
+    assert float(a.detach()) == float(b.detach())
+    assert int(dec.reinforce_updates) == 2
+
+
+def test_label_smoothing_and_loss_parts() -> None:
+    torch.manual_seed(5)
+    dec = CaptionDecoder(_small("soft_attention", doubly_stochastic=0.5), V, C).eval()
+    feats, mask, tokens = _toy_batch(5)
+    out = dec.compute_loss(feats, mask, tokens)
+    torch.testing.assert_close(out["loss"], out["xe"] + 0.5 * out["ds"])
+    smooth = dec.compute_loss(feats, mask, tokens, label_smoothing=0.1)
+    assert float(smooth["xe"].detach()) != pytest.approx(float(out["xe"].detach()))
+
+
+def test_state_index_select_and_groups() -> None:
+    torch.manual_seed(6)
+    dec = CaptionDecoder(_small("soft_attention"), V, C).eval()
+    feats, mask, _ = _toy_batch(6)
+    st = dec.init_state(feats, mask).repeat_interleave(3)  # 18 rows, group 3
+    assert st.rows == 18 and st.group == 3 and st.keys.shape[0] == 6
+    prev = torch.full((18,), 1)
+    _, _, st = dec.step(prev, st)
+    idx = torch.tensor([2, 2, 0] + [3 * i + 1 for i in range(1, 6) for _ in range(3)])
+    grouped = st.index_select(idx, within_groups=True)
+    generic = st.index_select(idx)
+    assert generic.group == 1 and generic.keys.shape[0] == 18
+    lp_a, al_a, _ = dec.step(prev, grouped)
+    lp_b, al_b, _ = dec.step(prev, generic)
+    torch.testing.assert_close(lp_a, lp_b)
+    torch.testing.assert_close(al_a, al_b)
+    sub = st.select_groups(torch.tensor([4, 1]))
+    assert sub.rows == 6 and sub.keys.shape[0] == 2
+    torch.testing.assert_close(sub.h[:, :3], st.h[:, 12:15])
+
+
+def test_config_structured_and_errors() -> None:
+    node = OmegaConf.structured(DecoderConfig)
+    node.variant = "mean_pool"
+    dec = CaptionDecoder(node, V, C)
+    assert dec.cfg.variant == "mean_pool" and dec.attention is None
+    with pytest.raises(ConfigError, match="variant"):
+        CaptionDecoder(DecoderConfig(variant="nope"), V, C)
+    with pytest.raises(ConfigError, match="unknown decoder config"):
+        CaptionDecoder({"variant": "show_tell", "hidden": 3}, V, C)
+    with pytest.raises(ConfigError, match="scoring"):
+        CaptionDecoder({"scoring": "cosine"}, V, C)
+
+
+def test_train_benchmark_smoke() -> None:
+    import argparse
+
+    from captioning.benchmarks import train as bench
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    bench.add_arguments(parser)
+    args = parser.parse_args(
+        "--batch-size 4 --regions 5 --feature-dim 8 --hidden 8 --attention-dim 4 --embed 8 "
+        "--vocab 20 --length 5 --steps 1 --warmup 0".split()
+    )
+    results = bench.run(args)
+    assert [r["name"] for r in results] == ["train/ours", "train/baseline", "train/speedup"]
+    assert all(r["value"] > 0 and r["unit"] for r in results)
