@@ -7,9 +7,11 @@ mandatory value fails at start with one line naming the key and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
+import typing
 from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,6 +88,18 @@ class TrainerConfig:
     default_root_dir: str | None = None
 
 
+def register_schema(name: str, schema: type) -> None:
+    """Register a job's dataclass schema with Hydra's ConfigStore.
+
+    The job's primary YAML lists ``name`` first in its defaults, so every key exists (with its
+    type) before the YAML and the command line are merged onto it: overriding a key the YAML
+    does not mention works, and a misspelt key or a wrong type fails at composition.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=name, node=schema)
+
+
 def _key_of(e: OmegaConfBaseException) -> str:
     key = getattr(e, "full_key", None) or getattr(e, "key", None)
     return str(key) if key else "?"
@@ -96,6 +110,12 @@ def to_config(cfg: DictConfig | dict, schema: type[T]) -> T:
 
     Raises ConfigError with a one-line message naming the key and the fix.
     """
+    unknown = _unknown_key(cfg, schema)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key '{unknown}' for {schema.__name__}: check its spelling "
+            f"(see conf/ for the valid keys)"
+        )
     base = OmegaConf.structured(schema)
     try:
         merged = OmegaConf.merge(base, cfg)
@@ -122,6 +142,28 @@ def to_config(cfg: DictConfig | dict, schema: type[T]) -> T:
         raise ConfigError(f"wrong type for config key '{_key_of(e)}': {msg}") from None
     except InterpolationResolutionError as e:
         raise ConfigError(f"config interpolation failed at '{_key_of(e)}': {str(e).splitlines()[0]}") from None
+
+
+def _unknown_key(cfg: Any, schema: type, prefix: str = "") -> str | None:
+    """The first key of ``cfg`` (dotted path) that the dataclass ``schema`` does not declare."""
+    if not dataclasses.is_dataclass(schema) or not isinstance(cfg, (dict, DictConfig)):
+        return None
+    hints = typing.get_type_hints(schema)
+    names = {f.name for f in dataclasses.fields(schema)}
+    keys = cfg.keys() if isinstance(cfg, dict) else cfg.keys()
+    for key in keys:
+        if key == "hydra":
+            continue
+        path = f"{prefix}{key}"
+        if key not in names:
+            return path
+        sub_type = hints.get(str(key))
+        if dataclasses.is_dataclass(sub_type):
+            value = cfg[key] if isinstance(cfg, dict) else cfg._get_node(key)
+            found = _unknown_key(value, sub_type, path + ".")
+            if found:
+                return found
+    return None
 
 
 def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

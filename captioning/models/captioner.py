@@ -1,0 +1,231 @@
+"""The LightningModule: teacher-forced training, free-running validation with corpus metrics.
+
+Validation decodes captions (greedy or beam, never teacher-forced), gathers the
+predictions of every rank, drops the duplicates a DistributedSampler pads with, and
+scores the whole split once, so BLEU-4/CIDEr-D under DDP equal a single-process run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.distributed as dist
+
+from captioning.data.vocab import Vocabulary
+from captioning.errors import CaptioningError
+from captioning.evaluation.metrics import compute_metrics
+from captioning.models.decoder import CaptionDecoder, DecoderConfig
+from captioning.models.search import BeamConfig, Hypothesis, decode_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OptimConfig:
+    """Optimisation: Adam/AdamW, learning-rate schedule, label smoothing."""
+
+    optimizer: str = "adamw"  # adam | adamw
+    lr: float = 4e-4
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    scheduler: str = "cosine"  # none | cosine | step | plateau
+    warmup_steps: int = 0
+    step_epochs: int = 5  # step: decay every step_epochs epochs
+    gamma: float = 0.5  # step/plateau decay factor
+    min_lr_ratio: float = 0.05  # cosine: final lr = lr * min_lr_ratio
+    label_smoothing: float = 0.0
+    nonfinite: str = "skip"  # a NaN/inf loss: skip the optimizer step (and say which batch) | stop
+
+
+class NonFiniteLossError(CaptioningError):
+    """Raised with ``nonfinite=stop`` when a batch gives a NaN/inf loss."""
+
+
+def decode(
+    decoder: CaptionDecoder, features: torch.Tensor, mask: torch.Tensor, cfg: BeamConfig, vocab: Vocabulary
+) -> list[Hypothesis]:
+    """Best hypothesis per item: greedy when ``beam_size == 1``, else batched beam search."""
+    nbest = decode_batch(decoder, features, mask, cfg, vocab.bos, vocab.eos, vocab.unk)
+    return [hyps[0] for hyps in nbest]
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """All ranks' ``obj`` in rank order (a one-element list without torch.distributed)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+class Captioner(pl.LightningModule):
+    """Caption decoder + vocabulary + optimisation.
+
+    Hyper-parameters are plain dicts (resolved config, vocabulary, feature-store meta),
+    so checkpoints load with ``torch.load(weights_only=True)``.
+    """
+
+    def __init__(self, config: dict, vocab: dict, feature_meta: dict) -> None:
+        super().__init__()
+        self.save_hyperparameters({"config": config, "vocab": vocab, "feature_meta": feature_meta})
+        self.vocab = Vocabulary.from_dict(vocab)
+        self.model_cfg = DecoderConfig(**config["model"])
+        self.optim_cfg = OptimConfig(**config.get("optim", {}))
+        self.decode_cfg = BeamConfig(**config.get("decode", {}))
+        self.decoder = CaptionDecoder(self.model_cfg, len(self.vocab), int(feature_meta["dim"]))
+        self._val_outputs: list[tuple[int, str]] = []
+        self._skip_step = False
+        self.last_val_predictions: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ training
+    def training_step(self, batch, batch_idx: int):
+        losses = self.decoder.compute_loss(
+            batch.features.float(), batch.mask, batch.tokens, label_smoothing=self.optim_cfg.label_smoothing
+        )
+        loss = losses["loss"]
+        finite = bool(torch.isfinite(loss).item())
+        finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+        self._skip_step = not finite
+        if not finite:
+            where = (
+                f"non-finite loss ({loss.item()}) at epoch {self.current_epoch}, batch {batch_idx} "
+                f"(global step {self.global_step}), items {batch.index[:8].tolist()}"
+            )
+            if self.optim_cfg.nonfinite == "stop":
+                raise NonFiniteLossError(
+                    where + ": stopping (set optim.nonfinite=skip to skip such steps; the last checkpoint is kept)"
+                )
+            log.warning("%s: optimizer step skipped (optim.nonfinite=skip)", where)
+            self.log("train/skipped_steps", 1.0, on_step=True, reduce_fx="sum")
+            # A zero loss that still touches every parameter keeps DDP's gradient buckets in sync.
+            return sum((p * 0.0).sum() for p in self.parameters() if p.requires_grad)
+        bs = batch.tokens.shape[0]
+        for name, value in losses.items():
+            self.log(f"train/{name}", value.detach().float(), on_step=True, on_epoch=name == "loss",
+                     prog_bar=name == "loss", batch_size=bs, sync_dist=False)
+        return loss
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        if optimizer_closure is not None:
+            optimizer_closure()
+        if self._skip_step:
+            optimizer.zero_grad(set_to_none=True)
+            return
+        optimizer.step()
+
+    # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def generate(self, features: torch.Tensor, mask: torch.Tensor, cfg: BeamConfig | None = None) -> list[Hypothesis]:
+        return decode(self.decoder, features.float(), mask, cfg or self.decode_cfg, self.vocab)
+
+    def caption_text(self, hyp: Hypothesis) -> str:
+        return " ".join(self.vocab.decode(hyp.tokens))
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        hyps = self.generate(batch.features, batch.mask)
+        for i, h in zip(batch.index.tolist(), hyps, strict=True):
+            self._val_outputs.append((i, self.caption_text(h)))
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_outputs = []
+
+    def on_validation_epoch_end(self) -> None:
+        predictions: dict[int, str] = {}
+        for part in gather_objects(self._val_outputs):
+            for i, text in part:
+                predictions.setdefault(i, text)  # DistributedSampler pads with repeats
+        self._val_outputs = []
+        self.last_val_predictions = predictions
+        if self.trainer.sanity_checking or not predictions:
+            return
+        refs = self.trainer.datamodule.items["val"].references
+        result = compute_metrics(
+            {i: refs[i] for i in predictions}, predictions, metrics=("bleu", "cider"), tokenize=False
+        )
+        # Every rank computed the same numbers from the same gathered predictions.
+        self.log("val/BLEU_4", result.scores["Bleu_4"], prog_bar=True, sync_dist=False, rank_zero_only=False)
+        self.log("val/CIDEr", result.scores["CIDEr"], prog_bar=True, sync_dist=False, rank_zero_only=False)
+        self.log("val/BLEU_1", result.scores["Bleu_1"], sync_dist=False, rank_zero_only=False)
+        self.log("val/items", float(len(predictions)), sync_dist=False, rank_zero_only=False)
+
+    def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
+        """Decode a batch: per item its index, tokens and the attention that emitted each token."""
+        hyps = self.generate(batch.features, batch.mask)
+        out = []
+        for i, h in zip(batch.index.tolist(), hyps, strict=True):
+            tokens = self.vocab.decode(h.tokens)
+            att = None if h.attention is None else h.attention[: len(tokens)].float().cpu().numpy()
+            out.append({"index": i, "tokens": tokens, "attention": att, "score": float(h.score)})
+        return out
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self):
+        cfg = self.optim_cfg
+        params = [p for p in self.parameters() if p.requires_grad]
+        kind = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(cfg.optimizer)
+        if kind is None:
+            raise CaptioningError(f"optim.optimizer={cfg.optimizer!r} is not one of adam, adamw")
+        optimizer = kind(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        if cfg.scheduler == "none":
+            return optimizer
+        if cfg.scheduler == "cosine":
+            total = max(1, int(self.trainer.estimated_stepping_batches))
+
+            def factor(step: int) -> float:
+                if step < cfg.warmup_steps:
+                    return (step + 1) / cfg.warmup_steps
+                progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+                return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+            sched = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        if cfg.scheduler == "step":
+            sched = torch.optim.lr_scheduler.StepLR(optimizer, cfg.step_epochs, cfg.gamma)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+        if cfg.scheduler == "plateau":
+            sched = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=cfg.gamma, patience=2)
+            return {"optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": sched, "monitor": "val/CIDEr", "interval": "epoch"}}
+        raise CaptioningError(f"optim.scheduler={cfg.scheduler!r} is not one of none, cosine, step, plateau")
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # RNG states as tensors/lists (weights_only-safe) so a resumed run repeats the same
+        # dropout masks, hard-attention samples and shuffles as an uninterrupted one.
+        np_state = np.random.get_state()
+        checkpoint["rng"] = {
+            "torch": torch.get_rng_state(),
+            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(int, np_state[2:4]),
+                      float(np_state[4])],
+            "python": _python_rng_state(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        rng = checkpoint.get("rng")
+        if not rng:
+            return
+        torch.set_rng_state(rng["torch"])
+        s = rng["numpy"]
+        np.random.set_state((s[0], s[1].numpy().astype(np.uint32), s[2], s[3], s[4]))
+        random.setstate(_python_rng_restore(rng["python"]))
+
+
+def _python_rng_state() -> list:
+    version, state, gauss = random.getstate()
+    return [version, list(state), gauss]
+
+
+def _python_rng_restore(s: list) -> tuple:
+    return (s[0], tuple(s[1]), s[2])
+
+
+def config_dict(cfg: Any) -> dict:
+    """A dataclass config as a plain dict (for hyper-parameters)."""
+    return asdict(cfg)

@@ -1,0 +1,95 @@
+"""Shared fixtures: tiny COCO/MSR-VTT style datasets with a FeatureStore, and CLI runners."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+FAKECAP = SHARED / "reference" / "coco-caption-fakecap"
+
+WORDS = ["red", "green", "blue", "circle", "square", "triangle"]
+
+
+def run_cli(module: str, *args: str, cwd: Path | None = None, timeout: int = 600, env: dict | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python -m captioning.cli.<module> args...`` (a real CLI process, as a user would)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", **(env or {})}
+    full_env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"captioning.cli.{module}", *args],
+        cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{module} {' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+            f"--- stderr\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def make_tiny_image_dataset(root: Path, n: int = 48, positions: int = 4, dim: int = 16, seed: int = 0) -> dict:
+    """A COCO-format dataset whose captions are determined by its (synthetic) region features.
+
+    Each item has one coloured shape at one of ``positions`` regions; its feature row there is a
+    one-hot code of (colour, shape); the caption is "a <colour> <shape>". A decoder with
+    attention can learn this in a few epochs.
+    """
+    from captioning.data.store import FeatureStoreWriter
+
+    rng = np.random.default_rng(seed)
+    colours, shapes = WORDS[:3], WORDS[3:]
+    splits = {"train": [], "val": [], "test": []}
+    items = []
+    for i in range(n):
+        c, s, p = rng.integers(3), rng.integers(3), rng.integers(positions)
+        feats = (rng.normal(0, 0.05, size=(positions, dim))).astype(np.float32)
+        feats[p, c] += 1.0
+        feats[p, 3 + s] += 1.0
+        split = "train" if i < n * 2 // 3 else ("val" if i < n * 5 // 6 else "test")
+        caps = [f"a {colours[c]} {shapes[s]}.", f"A {colours[c]} {shapes[s]}", f"there is a {colours[c]} {shapes[s]}"]
+        items.append((i + 1, split, caps, feats))
+        splits[split].append(i + 1)
+    ann_dir = root / "annotations"
+    ann_dir.mkdir(parents=True, exist_ok=True)
+    (root / "images").mkdir(exist_ok=True)
+    for split in splits:
+        images = [{"id": i, "file_name": f"{i:06d}.jpg", "width": 64, "height": 64} for i, sp, _, _ in items if sp == split]
+        anns = []
+        for i, sp, caps, _ in items:
+            if sp == split:
+                anns += [{"id": i * 10 + k, "image_id": i, "caption": c} for k, c in enumerate(caps)]
+        (ann_dir / f"captions_{split}.json").write_text(json.dumps({"images": images, "annotations": anns}))
+    meta = {"settings": {"backbone": "synthetic", "weights": "none"}, "kind": "image",
+            "positions": positions, "dim": dim, "grid": [2, positions // 2], "dtype": "float16"}
+    writer = FeatureStoreWriter(root / "features" / "synthetic", meta, shard_size=16)
+    for i, _, _, feats in items:
+        writer.add(str(i), feats)
+    writer.close()
+    return {"root": root, "features_dir": root / "features" / "synthetic", "splits": splits}
+
+
+def data_overrides(root: Path, features_dir: Path) -> list[str]:
+    """Command-line overrides that point ``data=coco_format`` at a tiny dataset."""
+    return [
+        "data=shapes",
+        "data.name=tiny",
+        f"data.root={root}",
+        "data.synthetic=null",
+        f"data.grounding={root}/annotations/grounding.json",
+        f"features_dir={features_dir}",
+        "data.num_workers=0",
+        "data.batch_size=8",
+    ]
+
+
+@pytest.fixture
+def tiny_images(tmp_path: Path) -> dict:
+    return make_tiny_image_dataset(tmp_path / "tiny")

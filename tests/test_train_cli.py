@@ -1,0 +1,134 @@
+"""End-to-end training through the real CLI: checkpoints, resume after SIGKILL, DDP, NaN handling."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, data_overrides, make_tiny_image_dataset, run_cli
+
+pytestmark = pytest.mark.slow
+
+FAST = [
+    "model.embed_dim=16", "model.hidden_dim=32", "model.attention_dim=16", "model.dropout=0.1",
+    "optim.lr=0.01", "optim.warmup_steps=0", "logger=csv", "callbacks.progress_bar=none",
+    "callbacks.early_stopping=false", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+]
+
+
+def train_args(data: dict, run_dir: Path, *extra: str) -> list[str]:
+    return [*data_overrides(data["root"], data["features_dir"]), *FAST, f"hydra.run.dir={run_dir}", *extra]
+
+
+def read_losses(run_dir: Path) -> dict[int, float]:
+    """step -> train/loss_step from the CSV log."""
+    out: dict[int, float] = {}
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            if row.get("train/loss_step"):
+                out[int(row["step"])] = float(row["train/loss_step"])
+    return out
+
+
+def test_train_learns_and_writes_safe_checkpoint(tiny_images, tmp_path):
+    run_dir = tmp_path / "run"
+    run_cli("train", *train_args(tiny_images, run_dir, "trainer.max_epochs=12"))
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["global_step"] > 0
+    assert summary["best_val_CIDEr"] > 1.0, summary  # captions are determined by the features
+    ckpt = torch.load(summary["best_checkpoint"], weights_only=True)
+    hp = ckpt["hyper_parameters"]
+    assert hp["vocab"]["itos"][:4] == ["<pad>", "<bos>", "<eos>", "<unk>"]
+    assert hp["config"]["model"]["variant"] == "soft_attention"
+    assert hp["feature_meta"]["dim"] == 16
+    assert (run_dir / "vocab.json").is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_resume_after_sigkill_reproduces_run(tmp_path):
+    data = make_tiny_image_dataset(tmp_path / "tiny", n=900)
+    args = ["trainer.max_epochs=3", "data.batch_size=16", "optim.scheduler=none"]
+    full = tmp_path / "full"
+    run_cli("train", *train_args(data, full, *args))
+    reference = read_losses(full)
+
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "captioning.cli.train", *train_args(data, killed, *args)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "MPLBACKEND": "Agg"})
+    last = killed / "checkpoints" / "last.ckpt"
+    deadline = time.time() + 300
+    while not last.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # into the next epoch
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "train_summary.json").exists(), "the run finished before it could be killed"
+
+    run_cli("train", *train_args(data, killed, *args))  # same command: resumes from last.ckpt
+    a = json.loads((full / "train_summary.json").read_text())
+    b = json.loads((killed / "train_summary.json").read_text())
+    assert a["global_step"] == b["global_step"]
+    resumed = read_losses(killed)
+    steps = sorted(reference)
+    assert sorted(resumed) == steps
+    np.testing.assert_allclose([resumed[s] for s in steps], [reference[s] for s in steps], rtol=1e-5, atol=1e-6)
+    assert a["best_val_CIDEr"] == pytest.approx(b["best_val_CIDEr"], abs=1e-9)
+
+
+def test_ddp_cpu_validation_equals_single_process_evaluation(tiny_images, tmp_path):
+    run_dir = tmp_path / "ddp"
+    run_cli("train", *train_args(tiny_images, run_dir, "trainer=ddp_cpu", "trainer.max_epochs=3",
+                                 "callbacks.save_top_k=0"), timeout=900)
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    logged = summary["metrics"]
+    out = tmp_path / "eval"
+    run_cli("evaluate", f"ckpt_path={run_dir}/checkpoints/last.ckpt", "split=val", "decode=greedy",
+            f"output_dir={out}", "metrics=[bleu,cider]", "num_workers=0", "grounding=false",
+            f"hydra.run.dir={tmp_path}/hydra")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["CIDEr"] == pytest.approx(logged["val/CIDEr"], abs=1e-6)
+    assert metrics["Bleu_4"] == pytest.approx(logged["val/BLEU_4"], abs=1e-6)
+    assert logged["val/items"] == len(tiny_images["splits"]["val"])
+
+
+def _poison(data: dict) -> None:
+    """Put NaN into one training item's features (a corrupted feature row)."""
+    from captioning.data.store import FeatureStoreWriter
+
+    meta = json.loads((data["features_dir"] / "meta.json").read_text())
+    root = data["features_dir"].parent / "poisoned"
+    w = FeatureStoreWriter(root, meta, shard_size=16)
+    from captioning.data.store import FeatureStore
+
+    store = FeatureStore.open(data["features_dir"])
+    for i in store.ids:
+        f = np.array(store[i].features, dtype=np.float32)
+        if i == str(data["splits"]["train"][0]):
+            f[:] = np.nan
+        w.add(i, f)
+    w.close()
+    data["features_dir"] = root
+
+
+def test_nonfinite_loss_skip_and_stop(tiny_images, tmp_path):
+    _poison(tiny_images)
+    ok = run_cli("train", *train_args(tiny_images, tmp_path / "skip", "trainer.max_epochs=1",
+                                      "optim.nonfinite=skip"))
+    assert "non-finite loss" in ok.stderr + ok.stdout and "optimizer step skipped" in ok.stderr + ok.stdout
+    ckpt = torch.load(tmp_path / "skip" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+
+    bad = run_cli("train", *train_args(tiny_images, tmp_path / "stop", "trainer.max_epochs=1",
+                                       "optim.nonfinite=stop"), check=False)
+    assert bad.returncode == 2
+    assert "non-finite loss" in bad.stderr and "batch" in bad.stderr
