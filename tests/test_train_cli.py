@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, data_overrides, make_tiny_image_dataset, run_cli
 
 pytestmark = pytest.mark.slow
@@ -102,21 +101,20 @@ def test_ddp_cpu_validation_equals_single_process_evaluation(tiny_images, tmp_pa
 
 
 def _poison(data: dict) -> None:
-    """Put NaN into one training item's features (a corrupted feature row)."""
-    from captioning.data.store import FeatureStoreWriter
+    """Put NaN into one training item's committed feature row on disk (bit rot after extraction;
+    the writer itself refuses non-finite features)."""
+    import shutil
 
-    meta = json.loads((data["features_dir"] / "meta.json").read_text())
-    root = data["features_dir"].parent / "poisoned"
-    w = FeatureStoreWriter(root, meta, shard_size=16)
     from captioning.data.store import FeatureStore
 
-    store = FeatureStore.open(data["features_dir"])
-    for i in store.ids:
-        f = np.array(store[i].features, dtype=np.float32)
-        if i == str(data["splits"]["train"][0]):
-            f[:] = np.nan
-        w.add(i, f)
-    w.close()
+    root = data["features_dir"].parent / "poisoned"
+    shutil.copytree(data["features_dir"], root)
+    store = FeatureStore.open(root)
+    shard, row = store._index[str(data["splits"]["train"][0])][:2]
+    arr = np.load(root / "shards" / store._shards[shard], mmap_mode="r+")
+    arr[row] = np.nan
+    arr.flush()
+    del arr
     data["features_dir"] = root
 
 

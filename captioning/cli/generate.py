@@ -17,7 +17,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from captioning.config import CONF_DIR, cli_errors, to_config
+from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
 
 log = logging.getLogger("captioning.generate")
 
@@ -32,6 +32,9 @@ class GenerateConfig:
     frames: int = 48  # moving_shapes: frames per video
     video_size: int = 96  # moving_shapes: square frame side (even)
     force: bool = False  # regenerate even when the stamp matches
+
+
+register_schema("generate_schema", GenerateConfig)
 
 
 def generate(cfg: GenerateConfig) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import hydra
 from omegaconf import MISSING, DictConfig
 
-from captioning.config import CONF_DIR, cli_errors, to_config
+from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
 
 
 @dataclass
@@ -27,6 +27,9 @@ class ScoreConfig:
     tokenize: bool = True
     output: str | None = None
     per_item: bool = False
+
+
+register_schema("score_schema", ScoreConfig)
 
 
 def score(cfg: ScoreConfig) -> dict:

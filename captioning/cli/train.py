@@ -104,15 +104,50 @@ def build_callbacks(cfg: TrainConfig, out: Path) -> list[pl.Callback]:
     return callbacks
 
 
-def build_loggers(cfg: TrainConfig, out: Path) -> list:
+def build_loggers(cfg: TrainConfig, out: Path, resume_step: int | None = None) -> list:
+    """TensorBoard/CSV loggers under the run dir. On resume, CSV rows of the steps before the
+    checkpoint are kept (Lightning's CSVLogger would delete them); the killed tail is re-logged."""
     from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 
     loggers: list = []
     if cfg.logger.tensorboard:
         loggers.append(TensorBoardLogger(save_dir=str(out), name="tensorboard", version=""))
     if cfg.logger.csv:
-        loggers.append(CSVLogger(save_dir=str(out), name="csv", version=""))
+        csv_path = out / "csv" / "metrics.csv"
+        history = read_csv_history(csv_path, resume_step) if resume_step is not None else None
+        logger = CSVLogger(save_dir=str(out), name="csv", version="")
+        if history is not None:
+            restore_csv_history(logger, csv_path, *history)
+        loggers.append(logger)
     return loggers or False  # type: ignore[return-value]
+
+
+def read_csv_history(path: Path, before_step: int) -> tuple[list[str], list[dict]] | None:
+    """(header, rows with step < before_step) of a CSV metrics log, or None if there is none."""
+    import csv
+
+    if not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [r for r in reader if r.get("step") not in (None, "") and int(float(r["step"])) < before_step]
+        return list(reader.fieldnames or []), rows
+
+
+def restore_csv_history(logger, path: Path, header: list[str], rows: list[dict]) -> None:
+    """Write the kept rows back once the (rank-zero) writer exists, so new rows append to them."""
+    import csv
+
+    from lightning_fabric.loggers.csv_logs import _ExperimentWriter
+
+    writer = logger.experiment  # creating the writer is what clears the old file
+    if not isinstance(writer, _ExperimentWriter):  # a non-zero rank: nothing to write
+        return
+    with open(path, "w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=header)
+        out.writeheader()
+        out.writerows(rows)
+    writer.metrics_keys = sorted(header)
 
 
 def make_trainer(cfg: TrainerConfig, **kwargs) -> pl.Trainer:
@@ -154,14 +189,18 @@ def train(cfg: TrainConfig) -> dict:
     )
     ckpt = out / "checkpoints" / "last.ckpt"
     resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
+    resume_step = None
     if resume_from:
         from captioning.checkpoint import check_compatible, load_checkpoint
 
-        check_compatible(load_checkpoint(resume_from), vocab.to_dict(), store.meta, resume_from)
-        log.info("resuming from %s", resume_from)
+        state = load_checkpoint(resume_from)
+        check_compatible(state, vocab.to_dict(), store.meta, resume_from)
+        resume_step = int(state.get("global_step", 0))
+        del state
+        log.info("resuming from %s (step %d)", resume_from, resume_step)
     model = Captioner(config=config_dict(cfg), vocab=vocab.to_dict(), feature_meta=dict(store.meta))
     trainer = make_trainer(
-        cfg.trainer, callbacks=build_callbacks(cfg, out), logger=build_loggers(cfg, out),
+        cfg.trainer, callbacks=build_callbacks(cfg, out), logger=build_loggers(cfg, out, resume_step),
         default_root_dir=str(out),
     )
     trainer.fit(model, datamodule=dm, ckpt_path=resume_from)

