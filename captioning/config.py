@@ -12,9 +12,9 @@ import functools
 import logging
 import sys
 import typing
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf

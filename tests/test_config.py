@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import REPO, run_cli
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from captioning.cli.train import TrainConfig
 from captioning.config import to_config
 from captioning.errors import ConfigError
-from conftest import REPO, run_cli
 
 CONF = REPO / "conf"
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
