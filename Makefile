@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # The CPU-usable torch pair this project is tested with (any torch>=2.1 works).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test test-fast reproduce reproduce-quick lint bench clean data
+.PHONY: install demo test test-fast reproduce reproduce-quick lint bench clean data strip-notebooks
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ reproduce-quick: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check captioning tests
+
+## make strip-notebooks: clear outputs before committing notebooks (a test checks they are stripped)
+strip-notebooks: $(STAMP)
+	$(PY) -c "import nbformat, sys; [nbformat.write(nb, p) for p in sys.argv[1:] for nb in [nbformat.read(p, as_version=4)] if [c.update(outputs=[], execution_count=None) for c in nb.cells if c.cell_type == 'code'] is not None]" notebooks/*.ipynb
 
 bench: $(STAMP)
 	$(VENV)/bin/captioning-bench train --device cpu --batch-size 32 --steps 5
