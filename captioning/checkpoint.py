@@ -7,14 +7,65 @@ crafted pickle payload is refused by torch's restricted unpickler and never exec
 
 from __future__ import annotations
 
+import errno
+import io
 import pickle
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.plugins import TorchCheckpointIO
 
-from captioning.errors import CheckpointError, ConfigError
+from captioning.errors import CheckpointError, ConfigError, StorageError
+from captioning.utils.io import atomic_write
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoint writes that never leave a partial file under the final name.
+
+    The checkpoint is serialised in memory, written to a temp file beside the target, fsynced
+    and renamed over it: a failed write (full disk, quota, a kill) leaves the previous
+    ``last.ckpt``/best checkpoint exactly as it was.  Remote (``scheme://``) paths use Lightning's writer.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        try:
+            atomic_write(path, lambda tmp: tmp.write_bytes(buffer.getbuffer()))
+        except OSError as e:
+            reason = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+            raise StorageError(
+                f"cannot write checkpoint {path}: {reason}; the previous checkpoint under that name is intact. "
+                f"Free space (or move output_dir) and run the same command again to resume from last.ckpt"
+            ) from e
+
+
+class ResumableCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` is refreshed after EVERY validation.
+
+    Lightning 2.x refreshes ``last.ckpt`` only when a top-k checkpoint was saved at the same step,
+    so after an epoch that did not improve the monitored score, ``last.ckpt`` is stale and a resumed
+    run would silently repeat epochs.  Here a killed run loses at most the epoch in progress.
+    """
+
+    def _refresh_last(self, trainer: Any) -> None:
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)  # skipped when super() saved at this step already
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -8,6 +8,7 @@ mandatory value fails at start with one line naming the key and the fix.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import logging
 import sys
@@ -167,7 +168,7 @@ def _unknown_key(cfg: Any, schema: type, prefix: str = "") -> str | None:
 
 
 def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator for job entry points: a CaptioningError exits with status 2 and one line."""
+    """Decorator for job entry points: a CaptioningError, or a full disk, exits with status 2 and one line."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -175,6 +176,14 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except CaptioningError as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            where = f" while writing {e.filename}" if e.filename else ""
+            print(f"error: {e.strerror or 'no space left'}{where}; files finished before are intact "
+                  f"(every output is written to a temp file and renamed). Free space and run the same command again",
+                  file=sys.stderr, flush=True)
             sys.exit(2)
 
     return wrapper

@@ -17,3 +17,7 @@ class DataError(CaptioningError):
 
 class CheckpointError(CaptioningError):
     """A checkpoint that is missing, truncated, corrupt or unsafe to load."""
+
+
+class StorageError(CaptioningError):
+    """A write failed (full disk, quota, I/O error); work committed before it is intact."""

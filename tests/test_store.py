@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from captioning.data import store as store_mod
 from captioning.data.store import FeatureItem, FeatureStore, FeatureStoreWriter
-from captioning.errors import ConfigError, DataError
+from captioning.errors import ConfigError, DataError, StorageError
 
 N, C = 6, 8
 META = {"settings": {"backbone": "toy", "weights": "none", "preprocessing": {"size": 32}, "code": "0.1.0"},
@@ -209,7 +209,7 @@ def test_full_disk_keeps_previous_state(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(np, "save", no_space)
     w.add("id2", feats(2))
-    with pytest.raises(DataError, match=r"r000-000001\.npy.*disk is full.*2 items .* kept"):
+    with pytest.raises(StorageError, match=r"r000-000001\.npy.*disk is full.*2 items .* kept"):
         w.add("id3", feats(3))
     assert shard_files(root) == before  # no partial shard, no temp file
     assert FeatureStore.open(root).ids == ["id0", "id1"]
@@ -226,7 +226,7 @@ def test_index_write_failure_removes_the_data_file(tmp_path: Path, monkeypatch: 
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(store_mod, "atomic_write_json", failing)
-    with pytest.raises(DataError, match="Input/output error"):
+    with pytest.raises(StorageError, match="Input/output error"):
         w.add("id0", feats(0))
     assert [f for f in shard_files(root) if not f.startswith(".r000.lock")] == []
     w.abort()

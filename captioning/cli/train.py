@@ -17,6 +17,7 @@ from pathlib import Path
 import hydra
 import pytorch_lightning as pl
 from omegaconf import MISSING, DictConfig, OmegaConf
+from pytorch_lightning.utilities import rank_zero_only
 
 from captioning.config import (
     CONF_DIR,
@@ -76,14 +77,15 @@ def build_callbacks(cfg: TrainConfig, out: Path) -> list[pl.Callback]:
     from pytorch_lightning.callbacks import (
         EarlyStopping,
         LearningRateMonitor,
-        ModelCheckpoint,
         RichProgressBar,
         TQDMProgressBar,
     )
 
+    from captioning.checkpoint import ResumableCheckpoint
+
     c = cfg.callbacks
     callbacks: list[pl.Callback] = [
-        ModelCheckpoint(
+        ResumableCheckpoint(
             dirpath=out / "checkpoints",
             filename="epoch{epoch:03d}-cider{val/CIDEr:.4f}",
             auto_insert_metric_name=False,
@@ -159,11 +161,12 @@ def make_trainer(cfg: TrainerConfig, **kwargs) -> pl.Trainer:
 
 def train(cfg: TrainConfig) -> dict:
     """Fit; returns a summary (best checkpoint, best score, steps)."""
+    from captioning.checkpoint import AtomicCheckpointIO
     from captioning.data.annotations import read_dataset
     from captioning.data.datamodule import CaptionDataModule
     from captioning.data.store import FeatureStore
     from captioning.data.vocab import build_vocabulary
-    from captioning.errors import ConfigError, DataError
+    from captioning.errors import CheckpointError, ConfigError, DataError
     from captioning.models.captioner import Captioner, config_dict
     from captioning.utils.io import atomic_write_json
 
@@ -188,12 +191,19 @@ def train(cfg: TrainConfig) -> dict:
         eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers,
     )
     ckpt = out / "checkpoints" / "last.ckpt"
+    if rank_zero_only.rank == 0:  # temp files of checkpoint writes a killed run left behind
+        for stale in ckpt.parent.glob(".*.tmp"):
+            stale.unlink(missing_ok=True)
     resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
     resume_step = None
     if resume_from:
         from captioning.checkpoint import check_compatible, load_checkpoint
 
-        state = load_checkpoint(resume_from)
+        try:
+            state = load_checkpoint(resume_from)
+        except CheckpointError as e:
+            raise CheckpointError(f"cannot resume: {e}. To start this run afresh, move {resume_from} away "
+                                  f"(or pass resume=false)") from None
         check_compatible(state, vocab.to_dict(), store.meta, resume_from)
         resume_step = int(state.get("global_step", 0))
         del state
@@ -201,7 +211,7 @@ def train(cfg: TrainConfig) -> dict:
     model = Captioner(config=config_dict(cfg), vocab=vocab.to_dict(), feature_meta=dict(store.meta))
     trainer = make_trainer(
         cfg.trainer, callbacks=build_callbacks(cfg, out), logger=build_loggers(cfg, out, resume_step),
-        default_root_dir=str(out),
+        default_root_dir=str(out), plugins=[AtomicCheckpointIO()],
     )
     trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
     ckpt_cb = trainer.checkpoint_callback

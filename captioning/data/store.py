@@ -47,7 +47,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from captioning.errors import ConfigError, DataError
+from captioning.errors import ConfigError, DataError, StorageError
 from captioning.utils.io import atomic_write, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -422,7 +422,7 @@ class FeatureStoreWriter:
         except OSError as e:
             data_path.unlink(missing_ok=True)  # without an index it is invisible anyway
             reason = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-            raise DataError(
+            raise StorageError(
                 f"cannot write feature shard {data_path}: {reason}; free space or fix the folder and re-run: "
                 f"the {self.committed} items this writer committed before are kept and the re-run skips them"
             ) from e

@@ -29,8 +29,10 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp_path, path)
-    except BaseException:
+    except BaseException as e:
         tmp_path.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(path)  # name the file for the error message (f.write errors carry none)
         raise
     return path
 
