@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import run_cli
 from PIL import Image
+from test_heatmaps import _panel_pixels
 
 IMAGE_SIZE = 128  # EfficientNet-Lite0: stride 32 -> a 4x4 grid
 GRID = (4, 4)
@@ -230,17 +231,6 @@ def test_raw_video_features_equal_stored_features(video_ckpt):
         assert tuple(f.pixels.shape) == (FRAMES, 3, 64, 64)
 
 
-def _panel(png: np.ndarray, fig, ax) -> np.ndarray:
-    """The pixels of ``ax`` in a saved PNG of ``fig`` (same layout, saved without bbox cropping)."""
-    fig.canvas.draw()
-    bb = ax.get_window_extent()
-    H = png.shape[0]
-    assert png.shape[:2] == (round(fig.bbox.height), round(fig.bbox.width))
-    y0, y1 = int(np.ceil(H - bb.y1)) + 2, int(np.floor(H - bb.y0)) - 2
-    x0, x1 = int(np.ceil(bb.x0)) + 2, int(np.floor(bb.x1)) - 2
-    return png[y0:y1, x0:x1]
-
-
 def _rebuild_image_figure(entry: dict, image: np.ndarray, hard: bool):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -271,12 +261,11 @@ def test_forced_attention_is_brightest_at_that_region(image_ckpt, tmp_path, monk
     assert (att.argmax(axis=1) == cell[0] * GRID[1] + cell[1]).all() and att.max() > 0.99
 
     png_path = tmp_path / "out" / entry["figure"]
-    png = np.asarray(Image.open(png_path).convert("RGB")).astype(float)
     # the first panel is the crop the model saw: rebuild the figure from it to find the panels
     crop = np.asarray(Image.open(image).convert("RGB").resize((IMAGE_SIZE, IMAGE_SIZE)))
     fig = _rebuild_image_figure(entry, crop, hard=False)
     for ax in fig.axes[1: 1 + len(entry["tokens"])]:
-        panel = _panel(png, fig, ax)
+        panel = _panel_pixels(fig, ax, png_path)
         heat = panel[..., 0] - panel[..., 2]  # jet over a gray image: red minus blue grows with the weight
         y, x = np.unravel_index(int(np.argmax(heat)), heat.shape)
         ph, pw = heat.shape
@@ -291,10 +280,9 @@ def test_hard_attention_marks_the_argmax_location(image_ckpt, tmp_path, monkeypa
     _force_attention(monkeypatch, cell[0] * GRID[1] + cell[1])
     summary = caption(_config(image_ckpt["hard"], [image_ckpt["images"][1]], tmp_path / "out"))
     entry = summary.entries[0]
-    png = np.asarray(Image.open(tmp_path / "out" / entry["figure"]).convert("RGB")).astype(float)
     crop = np.asarray(Image.open(image_ckpt["images"][1]).convert("RGB"))
     fig = _rebuild_image_figure(entry, crop, hard=True)
-    panel = _panel(png, fig, fig.axes[1])
+    panel = _panel_pixels(fig, fig.axes[1], tmp_path / "out" / entry["figure"])
     cyan = (panel[..., 0] < 90) & (panel[..., 1] > 190) & (panel[..., 2] > 200)  # the marker colour
     assert cyan.sum() > 20
     ys, xs = np.nonzero(cyan)
@@ -303,9 +291,8 @@ def test_hard_attention_marks_the_argmax_location(image_ckpt, tmp_path, monkeypa
     # the soft model's panels carry no marker
     _force_attention(monkeypatch, cell[0] * GRID[1] + cell[1])
     soft = caption(_config(image_ckpt["soft"], [image_ckpt["images"][1]], tmp_path / "soft"))
-    png = np.asarray(Image.open(tmp_path / "soft" / soft.entries[0]["figure"]).convert("RGB")).astype(float)
     fig = _rebuild_image_figure(soft.entries[0], crop, hard=False)
-    panel = _panel(png, fig, fig.axes[1])
+    panel = _panel_pixels(fig, fig.axes[1], tmp_path / "soft" / soft.entries[0]["figure"])
     assert ((panel[..., 0] < 90) & (panel[..., 1] > 190) & (panel[..., 2] > 200)).sum() == 0
 
 

@@ -176,8 +176,9 @@ def _print_table(scores: dict, grounding: dict | None, out: Path) -> None:
         table.add_row(k, f"{v:.4f}")
     if grounding:
         for k in ("attention_in_object", "chance_attention_in_object", "pointing_accuracy", "chance_pointing_accuracy"):
-            if k in grounding:
-                table.add_row(f"grounding/{k}", f"{grounding[k]:.4f}")
+            if k in grounding:  # None: the model has no attention (mean_pool, show_tell)
+                v = grounding[k]
+                table.add_row(f"grounding/{k}", "n/a (no attention)" if v is None else f"{v:.4f}")
     Console().print(table)
     print(f"results written to {out}", flush=True)
 
