@@ -94,7 +94,8 @@ def coverage_entropy(predictions: list[dict]) -> float:
 def run_variant(v: Variant, seed: int, b: Budget, out: Path) -> dict:
     run = out / "runs" / f"{v.data}-{v.name}-s{seed}"
     ev = run / "eval"
-    if not (ev / "metrics.json").is_file():
+    reused = (ev / "metrics.json").is_file()
+    if not reused:
         epochs = b.image_epochs if v.data == "shapes" else b.video_epochs
         cli("train", f"data={v.data}", *v.overrides, f"seed={seed}", f"trainer.max_epochs={epochs}",
             f"model.hidden_dim={b.hidden}", f"model.embed_dim={b.hidden // 2}", f"model.attention_dim={b.hidden // 2}",
@@ -108,19 +109,22 @@ def run_variant(v: Variant, seed: int, b: Budget, out: Path) -> dict:
     metrics = json.loads((ev / "metrics.json").read_text())
     report = json.loads((ev / "report.json").read_text())
     predictions = json.loads((ev / "predictions.json").read_text())
-    row = {"variant": v.name, "data": v.data, "seed": seed, **metrics,
+    row = {"variant": v.name, "data": v.data, "seed": seed, "reused": reused, **metrics,
            "coverage_entropy": coverage_entropy(predictions)}
     g = report.get("grounding") or {}
     for k in ("attention_in_object", "chance_attention_in_object", "pointing_accuracy", "chance_pointing_accuracy"):
         if k in g:
             row[k] = g[k]
     row["by_length"] = report.get("by_length") or report.get("metrics_by_length")
+    bins = [b for b in row["by_length"] or [] if b.get("count") and b.get("Bleu_4") is not None]
+    if bins:  # Bahdanau et al.'s figure, reduced to its two ends
+        row["Bleu_4_shortest"], row["Bleu_4_longest"] = bins[0]["Bleu_4"], bins[-1]["Bleu_4"]
     return row
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
     keys = ["Bleu_4", "CIDEr", "ROUGE_L", "attention_in_object", "chance_attention_in_object",
-            "pointing_accuracy", "chance_pointing_accuracy", "coverage_entropy"]
+            "pointing_accuracy", "chance_pointing_accuracy", "coverage_entropy", "Bleu_4_shortest", "Bleu_4_longest"]
     table = []
     for (data, name) in dict.fromkeys((r["data"], r["variant"]) for r in rows):
         group = [r for r in rows if r["data"] == data and r["variant"] == name]
@@ -140,7 +144,8 @@ def fmt(v) -> str:
 def write_tables(table: list[dict], rows: list[dict], out: Path, budget: Budget, seconds: float) -> Path:
     lines = [f"Seeds: {list(budget.seeds)}; {budget.images} images / {budget.videos} videos; "
              f"{budget.image_epochs} / {budget.video_epochs} epochs; hidden {budget.hidden}; "
-             f"test split, beam 3; {seconds / 60:.1f} min.", ""]
+             f"test split, beam 3. This invocation: {seconds / 60:.1f} min, {sum(not r['reused'] for r in rows)} "
+             f"runs trained, {sum(r['reused'] for r in rows)} reused from an earlier invocation.", ""]
     lines += ["| data | variant | BLEU-4 | CIDEr | attention in object (chance) | pointing (chance) | coverage entropy |",
               "|---|---|---|---|---|---|---|"]
     for e in table:
@@ -150,7 +155,13 @@ def write_tables(table: list[dict], rows: list[dict], out: Path, budget: Budget,
             att = pnt = "n/a (no attention)"
         lines.append(f"| {e['data']} | {e['variant']} | {fmt(e.get('Bleu_4'))} | {fmt(e.get('CIDEr'))} | {att} | "
                      f"{pnt} | {fmt(e.get('coverage_entropy'))} |")
-    lines += ["", "Claims:"]
+    by_length = [e for e in table if "Bleu_4_longest" in e]
+    if by_length:
+        lines += ["", "BLEU-4 in the shortest and the longest reference-length bin (see bleu_by_length.png):", "",
+                  "| data | variant | shortest bin | longest bin |", "|---|---|---|---|"]
+        lines += [f"| {e['data']} | {e['variant']} | {fmt(e.get('Bleu_4_shortest'))} | {fmt(e.get('Bleu_4_longest'))} |"
+                  for e in by_length]
+    lines += ["", "Claims (REPRODUCED: the difference exceeds the sum of the two stds over seeds):"]
     lines += claims(table)
     path = out / "results.md"
     path.write_text("\n".join(lines) + "\n")
@@ -173,13 +184,24 @@ def claims(table: list[dict]) -> list[str]:
             return
         held = a[0] > b[0]
         sep = abs(a[0] - b[0]) > (a[1] + b[1])
-        out.append(f"- {text}: {'REPRODUCED' if held else 'NOT reproduced'} ({a[0]:.3f} vs {b[0]:.3f}"
-                   f"{', beyond 1 std' if sep else ', within std'})")
+        if held and sep:
+            word = "REPRODUCED"
+        elif held:
+            word = "INCONCLUSIVE (right direction, within std)"
+        else:
+            word = "NOT reproduced" + (" (reversed beyond std)" if sep else " (within std)")
+        out.append(f"- {text}: {word} ({a[0]:.3f} vs {b[0]:.3f})")
+
+    def gap(key: str) -> tuple[float, float] | None:
+        a, b = get("shapes", "soft_additive", key), get("shapes", "mean_pool", key)
+        return None if a is None or b is None else (a[0] - b[0], a[1] + b[1])
 
     verdict("temporal attention > mean pooling on moving_shapes (CIDEr)",
             get("moving_shapes", "temporal_attention", "CIDEr"), get("moving_shapes", "mean_pool", "CIDEr"))
     verdict("soft attention > mean pooling on shapes (BLEU-4)",
             get("shapes", "soft_additive", "Bleu_4"), get("shapes", "mean_pool", "Bleu_4"))
+    verdict("attention's BLEU-4 lead over mean pooling grows with caption length (longest vs shortest bin)",
+            gap("Bleu_4_longest"), gap("Bleu_4_shortest"))
     verdict("soft attention grounds words above chance (attention in object)",
             get("shapes", "soft_additive", "attention_in_object"), get("shapes", "soft_additive", "chance_attention_in_object"))
     verdict("hard attention grounds words above chance (pointing)",

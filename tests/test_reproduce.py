@@ -31,10 +31,16 @@ def test_claim_verdicts():
         {"data": "shapes", "variant": "soft_additive", "Bleu_4": (0.4, 0.05)},
         {"data": "shapes", "variant": "mean_pool", "Bleu_4": (0.42, 0.05)},
     ]
+    table[2].update(Bleu_4_shortest=(0.5, 0.0), Bleu_4_longest=(0.45, 0.01))
+    table[3].update(Bleu_4_shortest=(0.6, 0.0), Bleu_4_longest=(0.30, 0.01))
     lines = claims(table)
-    assert lines[0].startswith("- temporal attention > mean pooling") and "REPRODUCED (2.000 vs 1.000, beyond 1 std" in lines[0]
-    assert "NOT reproduced (0.400 vs 0.420, within std)" in lines[1]
-    assert all("not measured" in ln for ln in lines[2:] if "grounds" in ln)
+    assert lines[0].startswith("- temporal attention > mean pooling") and "REPRODUCED (2.000 vs 1.000)" in lines[0]
+    assert "NOT reproduced (within std) (0.400 vs 0.420)" in lines[1]
+    # gaps: longest 0.45 - 0.30 = 0.15 (std 0.02), shortest 0.5 - 0.6 = -0.1 (std 0)
+    assert "grows with caption length" in lines[2] and "REPRODUCED (0.150 vs -0.100)" in lines[2]
+    assert all("not measured" in ln for ln in lines[3:] if "grounds" in ln)
+    table[0]["CIDEr"] = (1.1, 0.1)
+    assert "INCONCLUSIVE (right direction, within std) (1.100 vs 1.000)" in claims(table)[0]
 
 
 @pytest.mark.slow
