@@ -241,3 +241,34 @@ def test_additive_cpu_inference_chunks_match(monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.setattr(attention, "_CPU_CHUNK", 2 * 3 * 5 * 2)  # 2 items per chunk
         chunked = att.scores(h, keys)
     torch.testing.assert_close(chunked, full)
+
+
+@pytest.mark.parametrize("scoring", ["additive", "dot", "general"])
+def test_step_scorer_gradients_equal_plain_autograd(scoring: str) -> None:
+    """Teacher forcing's step scorer (rows shrinking over steps; for additive scoring dL/dK
+    summed in place and applied once) gives the gradients of scoring keys[:R_t] directly."""
+    torch.manual_seed(3)
+    att = build_attention(scoring, 4, 6, 5)
+    values = torch.randn(5, 3, 6, requires_grad=True)
+    hs = [torch.randn(r, 4) for r in (5, 5, 3, 1)]  # rows still running at each step
+    weights = [torch.randn(r, 3) for r in (5, 5, 3, 1)]
+
+    def loss(score_fn) -> torch.Tensor:
+        return sum((score_fn(h) * w).sum() for h, w in zip(hs, weights, strict=True))
+
+    params = [values, *att.parameters()]
+    fused = torch.autograd.grad(loss(att.step_scorer(att.precompute(values))), params)
+    keys = att.precompute(values)
+    plain = torch.autograd.grad(loss(lambda h: att.scores(h, keys[: h.shape[0]])), params)
+    for a, b in zip(fused, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_additive_step_scorer_supports_retain_graph() -> None:
+    torch.manual_seed(4)
+    att = AdditiveAttention(4, 6, 5)
+    values = torch.randn(2, 3, 6, requires_grad=True)
+    e = att.step_scorer(att.precompute(values))(torch.randn(2, 4))
+    (once,) = torch.autograd.grad(e.sum(), values, retain_graph=True)
+    (twice,) = torch.autograd.grad(e.sum(), values)
+    torch.testing.assert_close(once, twice)

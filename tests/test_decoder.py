@@ -232,3 +232,44 @@ def test_train_benchmark_smoke() -> None:
     results = bench.run(args)
     assert [r["name"] for r in results] == ["train/ours", "train/baseline", "train/speedup"]
     assert all(r["value"] > 0 and r["unit"] for r in results)
+
+
+def test_compute_loss_does_not_depend_on_batch_order() -> None:
+    """Sequences are sorted by length inside compute_loss; any input order, same loss/grads."""
+    torch.manual_seed(8)
+    dec = CaptionDecoder(_small("soft_attention", num_layers=2), V, C).eval()
+    feats, mask, tokens = _toy_batch(8)
+    out = dec.compute_loss(feats, mask, tokens)
+    out["loss"].backward()
+    grads = {n: p.grad.clone() for n, p in dec.named_parameters() if p.grad is not None}
+    dec.zero_grad(set_to_none=True)
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    out2 = dec.compute_loss(feats[perm], mask[perm], tokens[perm])
+    out2["loss"].backward()
+    for key in ("loss", "xe", "ds"):
+        torch.testing.assert_close(out2[key], out[key])
+    for name, g in grads.items():
+        torch.testing.assert_close(dict(dec.named_parameters())[name].grad, g, msg=name)
+
+
+def test_compute_loss_refuses_padding_inside_a_caption() -> None:
+    dec = CaptionDecoder(_small("soft_attention"), V, C)
+    feats, mask, tokens = _toy_batch()
+    tokens[0, 2] = 0  # pad between words
+    with pytest.raises(ValueError, match="padding inside a caption"):
+        dec.compute_loss(feats, mask, tokens)
+
+
+def test_training_batches_come_sorted_by_caption_length() -> None:
+    from captioning.data.datamodule import collate
+
+    samples = [
+        (torch.zeros(N, C), N, torch.tensor([1, 4, 2]), 0),
+        (torch.ones(N, C), 2, torch.tensor([1, 4, 5, 6, 2]), 1),
+        (torch.full((N, C), 2.0), 3, torch.tensor([1, 4, 5, 2]), 2),
+    ]
+    batch = collate(samples)
+    assert batch.index.tolist() == [1, 2, 0]
+    assert (batch.tokens != 0).sum(1).tolist() == [5, 4, 3]
+    assert batch.features[:, 0, 0].tolist() == [1.0, 2.0, 0.0]
+    assert batch.mask.sum(1).tolist() == [2, 3, N]

@@ -5,8 +5,10 @@ gate, h0/c0 from the mean annotation, doubly stochastic regulariser, dropout) tr
 Adam on the same random batch.  The baseline is written the way common tutorials write it:
 the batch is sorted by caption length and shrinks as captions end, ``U_a v`` is recomputed
 at every step, the vocabulary projection runs inside the loop, fp32.  Ours is
-``CaptionDecoder.compute_loss`` (keys projected once, whole padded batch per step, one
-output projection for all real tokens after the loop, optional bf16 autocast / compile).
+``CaptionDecoder.compute_loss`` (keys projected once; the batch sorted by length so each step
+runs only the captions still going; ``dL/dK`` of all steps summed in place and the step's
+``tanh`` recomputed in backward instead of stored; per-step weight gradients computed once;
+one output projection for all real tokens after the loop; optional bf16 autocast / compile).
 
 Reported: captions/s (forward + backward + Adam step) of each from the median step time
 (``best``: from the fastest step), the two models' steps alternating so that a busy machine

@@ -106,7 +106,14 @@ class CaptionEvalDataset(Dataset):
 
 
 def collate(samples, pad: int = 0) -> Batch:
-    """Stack features, build the position mask from valid counts, right-pad the token ids."""
+    """Stack features, build the position mask from valid counts, right-pad the token ids.
+
+    Training batches come sorted by caption length, longest first (``index`` keeps each
+    row's item): ``CaptionDecoder.compute_loss`` then needs no gather of the features to
+    drop finished captions from the end of the batch.
+    """
+    if samples[0][2] is not None:
+        samples = sorted(samples, key=lambda s: -len(s[2]))
     feats = torch.stack([s[0] for s in samples])
     n = feats.shape[1]
     valid = torch.tensor([s[1] for s in samples])

@@ -16,12 +16,14 @@ Step ``t`` (inputs ``y_{t-1}``): ``z_t`` from ``h_{t-1}`` (top layer);
 ``p(y_t) = softmax(L_o(E y_{t-1} + L_h h_t + L_z z_t))`` (Xu eq. 7), else ``softmax(L_o h_t)``.
 
 Training (``compute_loss``) embeds all tokens at once, projects the keys ``U_a v`` once per
-sequence, runs an ``LSTMCell`` loop over the whole padded batch (no re-sorting), and computes
-the vocabulary logits of all REAL tokens after the loop in one matmul.
+sequence, runs the LSTM loop over the sequences still running at each step (the batch sorted
+by length, so they are a prefix), and computes the vocabulary logits of all REAL tokens after
+the loop in one matmul.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -121,6 +123,11 @@ class _DeferredLinear:
                 x, self.weight.to(x.dtype) if x.dtype != self.weight.dtype else self.weight
             )
         return _DeferredMatmul.apply(x, self.weight, self.token, self)
+
+
+def _pad_rows_and_stack(xs: list[Tensor], rows: int) -> Tensor:
+    """Per-step tensors ``xs[t] [R_t, ...]`` (``R_t <= rows``) -> ``[rows, T, ...]``, zero-padded."""
+    return torch.stack([F.pad(x, (0, 0) * (x.dim() - 1) + (0, rows - x.shape[0])) for x in xs], 1)
 
 
 def _lstm_pointwise(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
@@ -423,17 +430,20 @@ class CaptionDecoder(nn.Module):
         mask: Tensor | None,
         context: Tensor | None,
         mode: str,
+        scorer: Callable[[Tensor], Tensor] | None = None,
     ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         """``(z [R,C] | None, alpha [R,N] | None, log p(s) [R] | None)`` for one step.
 
         ``mode``: ``soft`` (expectation), ``sample`` or ``argmax`` (hard attention).
+        ``scorer``: teacher forcing's ``AttentionScorer.step_scorer`` (else ``scores(h, keys)``).
         """
         if not self.uses_context:
             return None, None, None
         if self.attention is None:
             return expand_groups(context, h_top.shape[0]), None, None
         assert keys is not None and values is not None
-        alpha = masked_softmax(self.attention.scores(h_top, keys), mask)
+        e = scorer(h_top) if scorer is not None else self.attention.scores(h_top, keys)
+        alpha = masked_softmax(e, mask)
         logp = None
         if mode == "soft":
             z = soft_context(alpha, values)
@@ -485,10 +495,26 @@ class CaptionDecoder(nn.Module):
         cfg = self.cfg
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         step_mask = targets != self.pad_id  # [B,T]
-        t_max = int(step_mask.sum(1).max().item()) if step_mask.numel() else 0
-        t_max = max(t_max, 1)
+        lengths = step_mask.sum(1)  # real steps per sequence (words + <eos>)
+        t_max = max(int(lengths.max().item()) if lengths.numel() else 0, 1)
         inputs, targets, step_mask = inputs[:, :t_max], targets[:, :t_max], step_mask[:, :t_max]
+        steps = torch.arange(t_max, device=lengths.device)
+        if not torch.equal(step_mask, steps < lengths.unsqueeze(1)):
+            raise ValueError(
+                "compute_loss: tokens must be <bos> words <eos> followed only by padding "
+                f"(pad_id={self.pad_id}); found padding inside a caption"
+            )
         b = tokens.shape[0]
+
+        # Sequences sorted longest first, so the ones still running at step t are a prefix
+        # of the batch: step t works on rows [:active[t]] only (what pack_padded_sequence
+        # does), no LSTM or attention work on padded steps.  All outputs are batch means.
+        order = torch.argsort(lengths, descending=True, stable=True)
+        if not torch.equal(order, torch.arange(b, device=order.device)):
+            features, inputs, targets = features[order], inputs[order], targets[order]
+            step_mask, lengths = step_mask[order], lengths[order]
+            mask = mask[order] if mask is not None else None
+        active = (lengths.unsqueeze(0) > steps.unsqueeze(1)).sum(1).tolist()  # [T]
 
         values, mask = self.encode(features, mask)
         keys = self.attention.precompute(values) if self.attention is not None else None
@@ -504,13 +530,19 @@ class CaptionDecoder(nn.Module):
         x_gates = self._input_gates(emb)  # [B,T,4H] word part of layer-0 gates, one matmul
         x_steps = x_gates.unbind(1)  # views; backward is one stack, not T zero-filled copies
         lin = self._linears(deferred=True)
+        scorer = self.attention.step_scorer(keys) if self.attention is not None else None
+        memory = (values, keys, mask, context)
         hs: list[Tensor] = []
         zs: list[Tensor] = []
         alphas: list[Tensor] = []
         logps: list[Tensor] = []
         for t in range(t_max):
-            z, alpha, logp = self._context(h[-1], values, keys, mask, context, mode)
-            h, c = self._cell_step(x_steps[t], z, h, c, lin)
+            r = active[t]
+            if r < h[0].shape[0]:  # sequences that ended drop out of the batch
+                h, c = [x[:r] for x in h], [x[:r] for x in c]
+                memory = tuple(None if x is None else x[:r] for x in memory)
+            z, alpha, logp = self._context(h[-1], *memory, mode, scorer)
+            h, c = self._cell_step(x_steps[t][:r], z, h, c, lin)
             hs.append(h[-1])
             if z is not None:
                 zs.append(z)
@@ -519,11 +551,13 @@ class CaptionDecoder(nn.Module):
             if logp is not None:
                 logps.append(logp)
 
-        # one output projection for all real tokens
-        h_all = torch.stack(hs, 1)[step_mask]  # [M,H]
-        z_all = torch.stack(zs, 1)[step_mask] if zs else None
-        logits = self._logits(emb[step_mask], h_all, z_all).float()  # [M,V]
-        tgt = targets[step_mask]
+        # one output projection for all real tokens, in time-major order (step 0's rows,
+        # then step 1's, ...: the order the loop produced them)
+        real_tb = step_mask.t()  # [T,B]
+        h_all = torch.cat(hs, 0)  # [M,H]
+        z_all = torch.cat(zs, 0) if zs else None
+        logits = self._logits(emb.transpose(0, 1)[real_tb], h_all, z_all).float()  # [M,V]
+        tgt = targets.t()[real_tb]
         n_tok = tgt.numel()
         nll = F.cross_entropy(logits, tgt, reduction="none")  # [M]
         if label_smoothing > 0:
@@ -534,7 +568,7 @@ class CaptionDecoder(nn.Module):
         zero = logits.new_zeros(())
         out: dict[str, Tensor] = {"xe": xe}
         if alphas:
-            alpha_all = torch.stack(alphas, 1)  # [B,T,N]
+            alpha_all = _pad_rows_and_stack(alphas, b)  # [B,T,N], zeros after each sequence
             ds = doubly_stochastic_penalty(alpha_all, step_mask, mask)
         else:
             alpha_all = None
@@ -548,10 +582,10 @@ class CaptionDecoder(nn.Module):
             entropy = (attention_entropy(alpha_all) * sm).sum() / max(n_tok, 1)
             reinforce = zero
             if logps:
-                nll_bt = torch.zeros(b, t_max, dtype=nll.dtype, device=nll.device)
-                nll_bt[step_mask] = nll.detach()
-                reward = -nll_bt.sum(1)  # [B] log p(y | s, a)
-                logp_seq = (torch.stack(logps, 1) * sm).sum(1)  # [B]
+                nll_tb = torch.zeros(t_max, b, dtype=nll.dtype, device=nll.device)
+                nll_tb[real_tb] = nll.detach()
+                reward = -nll_tb.sum(0)  # [B] log p(y | s, a)
+                logp_seq = _pad_rows_and_stack(logps, b).sum(1)  # [B]
                 with torch.no_grad():
                     if int(self.reinforce_updates) == 0:  # bias-corrected start
                         baseline = reward.mean()
