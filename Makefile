@@ -48,8 +48,8 @@ strip-notebooks: $(STAMP)
 	$(PY) -c "import nbformat, sys; [nbformat.write(nb, p) for p in sys.argv[1:] for nb in [nbformat.read(p, as_version=4)] if [c.update(outputs=[], execution_count=None) for c in nb.cells if c.cell_type == 'code'] is not None]" notebooks/*.ipynb
 
 bench: $(STAMP)
-	$(VENV)/bin/captioning-bench train --device cpu --batch-size 32 --steps 5
-	$(VENV)/bin/captioning-bench beam --device cpu
+	$(VENV)/bin/captioning-bench train --device cpu --steps 10
+	$(VENV)/bin/captioning-bench beam --device cpu --repeats 3
 	$(VENV)/bin/captioning-bench metrics --device cpu
 
 clean:
