@@ -35,6 +35,18 @@ def run_cli(module: str, *args: str, cwd: Path | None = None, timeout: int = 600
     return proc
 
 
+def run_bench(name: str, argv: str) -> list[dict]:
+    """``captioning-bench <name> --device cpu <argv>`` in process: its result records."""
+    import argparse
+    import importlib
+
+    bench = importlib.import_module(f"captioning.benchmarks.{name}")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    bench.add_arguments(parser)
+    return bench.run(parser.parse_args(argv.split()))
+
+
 def make_tiny_image_dataset(root: Path, n: int = 48, positions: int = 4, dim: int = 16, seed: int = 0) -> dict:
     """A COCO-format dataset whose captions are determined by its (synthetic) region features.
 

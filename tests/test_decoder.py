@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import run_bench
 from omegaconf import OmegaConf
 
 from captioning.errors import ConfigError
 from captioning.models.decoder import VARIANTS, CaptionDecoder, DecoderConfig
 
 V, C, N = 12, 6, 4
+_TINY_BENCH = "--batch-size 4 --regions 5 --feature-dim 8 --hidden 8 --attention-dim 4 --embed 8 --vocab 20"
 
 
 def _small(variant: str, **kw) -> DecoderConfig:
@@ -218,20 +220,15 @@ def test_config_structured_and_errors() -> None:
 
 
 def test_train_benchmark_smoke() -> None:
-    import argparse
-
-    from captioning.benchmarks import train as bench
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--device", default="cpu")
-    bench.add_arguments(parser)
-    args = parser.parse_args(
-        "--batch-size 4 --regions 5 --feature-dim 8 --hidden 8 --attention-dim 4 --embed 8 "
-        "--vocab 20 --length 5 --steps 1 --warmup 0".split()
-    )
-    results = bench.run(args)
+    results = run_bench("train", f"{_TINY_BENCH} --length 5 --steps 1 --warmup 0")
     assert [r["name"] for r in results] == ["train/ours", "train/baseline", "train/speedup"]
     assert all(r["value"] > 0 and r["unit"] for r in results)
+
+
+@pytest.mark.slow
+def test_train_benchmark_compiled_static_loss() -> None:
+    (ours,) = run_bench("train", f"{_TINY_BENCH} --length 2 --steps 1 --warmup 0 --compile --skip-baseline")
+    assert ours["compile"] is True and ours["compile_s"] > 0 and ours["value"] > 0
 
 
 def test_compute_loss_does_not_depend_on_batch_order() -> None:
@@ -273,3 +270,77 @@ def test_training_batches_come_sorted_by_caption_length() -> None:
     assert (batch.tokens != 0).sum(1).tolist() == [5, 4, 3]
     assert batch.features[:, 0, 0].tolist() == [1.0, 2.0, 0.0]
     assert batch.mask.sum(1).tolist() == [2, 3, N]
+
+
+def _loss_and_grads(dec: CaptionDecoder, fn, *args, **kw) -> tuple[dict, dict]:
+    dec.zero_grad(set_to_none=True)
+    out = fn(*args, **kw)
+    out["loss"].backward()
+    grads = {n: p.grad.clone() for n, p in dec.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in out.items()}, grads
+
+
+@pytest.mark.parametrize(
+    "variant,extra",
+    [
+        ("show_tell", {}),
+        ("show_tell", {"num_layers": 2}),
+        ("mean_pool", {"deep_output": True}),
+        ("soft_attention", {"doubly_stochastic": 0.7}),
+        ("soft_attention", {"scoring": "dot", "deep_output": True, "num_layers": 2}),
+        ("soft_attention", {"scoring": "general", "gate": False, "init_from_mean": False}),
+        ("soft_attention", {"bidirectional_encoder": True}),
+    ],
+)
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_static_schedule_equals_compute_loss(variant: str, extra: dict, smoothing: float) -> None:
+    """Fixed-shape loss (all rows every step, padded positions masked) == the packed loss:
+    same values and the same gradient for every parameter and for the features."""
+    torch.manual_seed(9)
+    dec = CaptionDecoder(_small(variant, **extra), V, C).train()  # dropout 0: deterministic
+    feats, mask, tokens = _toy_batch(9)
+    feats.requires_grad_(True)
+    packed, g_packed = _loss_and_grads(dec, dec.compute_loss, feats, mask, tokens, smoothing)
+    d_packed = feats.grad.clone()
+    feats.grad = None
+    static, g_static = _loss_and_grads(dec, dec.compute_loss_static, feats, mask, tokens, smoothing)
+    assert set(static) == {"loss", "xe", "ds"}
+    for key in ("loss", "xe", "ds"):
+        torch.testing.assert_close(static[key], packed[key], msg=key)
+    assert g_static.keys() == g_packed.keys()
+    for name, g in g_packed.items():
+        torch.testing.assert_close(g_static[name], g, atol=1e-6, rtol=1e-4, msg=name)
+    torch.testing.assert_close(feats.grad, d_packed, atol=1e-6, rtol=1e-4)
+
+
+def test_static_schedule_hand_checked_xe_and_refuses_hard_attention() -> None:
+    """xe is the mean over REAL tokens only: a batch of two captions (4 and 3 targets) gives
+    the token-weighted mean of each caption's xe computed alone, cut to its own length."""
+    torch.manual_seed(10)
+    dec = CaptionDecoder(_small("soft_attention"), V, C).eval()
+    feats, mask, tokens = _toy_batch(10)
+    both = dec.compute_loss_static(feats[:2], mask[:2], tokens[:2])["xe"]
+    first = dec.compute_loss_static(feats[:1], mask[:1], tokens[:1, :5])["xe"]  # 4 real tokens
+    second = dec.compute_loss_static(feats[1:2], mask[1:2], tokens[1:2, :4])["xe"]  # 3 tokens
+    torch.testing.assert_close(both, (4 * first + 3 * second) / 7)
+    hard = CaptionDecoder(_small("hard_attention"), V, C)
+    with pytest.raises(ConfigError, match="compute_loss_static"):
+        hard.compute_loss_static(feats, mask, tokens)
+
+
+@pytest.mark.slow
+def test_static_schedule_compiles_as_one_graph() -> None:
+    """torch.compile(fullgraph=True): no graph break, no host sync; same loss and gradients."""
+    torch.manual_seed(11)
+    dec = CaptionDecoder(_small("soft_attention", num_layers=2), V, C).train()
+    feats, mask, tokens = _toy_batch(11)
+    tokens = tokens[:, :4]  # 3 steps keep the compile short
+    tokens[tokens[:, 3] != 0, 3] = 2  # end every caption inside the window
+    tokens[1, 2], tokens[1, 3] = 2, 0
+    eager, g_eager = _loss_and_grads(dec, dec.compute_loss_static, feats, mask, tokens)
+    compiled_fn = torch.compile(dec.compute_loss_static, fullgraph=True, dynamic=False)
+    compiled, g_comp = _loss_and_grads(dec, compiled_fn, feats, mask, tokens)
+    for key in eager:
+        torch.testing.assert_close(compiled[key], eager[key], msg=key)
+    for name, g in g_eager.items():
+        torch.testing.assert_close(g_comp[name], g, atol=1e-5, rtol=1e-4, msg=name)

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import run_bench
 
 from captioning.errors import ConfigError
 from captioning.models.decoder import CaptionDecoder, DecoderConfig
@@ -215,17 +216,10 @@ def test_hard_attention_decoding_uses_argmax_location() -> None:
 
 
 def test_beam_benchmark_smoke() -> None:
-    import argparse
-
-    from captioning.benchmarks import beam as bench
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--device", default="cpu")
-    bench.add_arguments(parser)
-    args = parser.parse_args(
+    results = run_bench(
+        "beam",
         "--batch-size 3 --beam 2 --regions 5 --feature-dim 8 --hidden 8 --attention-dim 4 "
-        "--embed 8 --vocab 20 --length 4 --single-items 2".split()
+        "--embed 8 --vocab 20 --length 4 --single-items 2",
     )
-    results = bench.run(args)
     assert [r["name"] for r in results] == ["beam/batched", "beam/one_at_a_time", "beam/speedup"]
     assert results[1]["same_captions_as_batched"] == "2/2"

@@ -130,3 +130,21 @@ def test_nonfinite_loss_skip_and_stop(tiny_images, tmp_path):
                                        "optim.nonfinite=stop"), check=False)
     assert bad.returncode == 2
     assert "non-finite loss" in bad.stderr and "batch" in bad.stderr
+
+
+def test_compiled_fixed_shape_loss_trains_like_the_eager_loss(tiny_images, tmp_path):
+    """compile=true (CaptionDecoder.compute_loss_static under torch.compile, captions padded to
+    data.max_length) gives the eager run's loss curve; hard attention is refused up front."""
+    fast = [a for a in FAST if not a.startswith("model.dropout")]
+    args = [*data_overrides(tiny_images["root"], tiny_images["features_dir"]), *fast, "model.dropout=0.0",
+            "trainer.max_epochs=2", "data.batch_size=32", "data.max_length=5", "optim.scheduler=none"]
+    run_cli("train", *args, f"hydra.run.dir={tmp_path / 'eager'}")
+    run_cli("train", *args, "compile=true", f"hydra.run.dir={tmp_path / 'compiled'}", timeout=900)
+    eager, compiled = read_losses(tmp_path / "eager"), read_losses(tmp_path / "compiled")
+    steps = sorted(eager)
+    assert len(steps) >= 4 and sorted(compiled) == steps
+    np.testing.assert_allclose([compiled[s] for s in steps], [eager[s] for s in steps], rtol=1e-4, atol=1e-5)
+
+    bad = run_cli("train", *args, "compile=true", "model=hard_attention", f"hydra.run.dir={tmp_path / 'hard'}",
+                  check=False)
+    assert bad.returncode == 2 and "hard_attention" in bad.stderr and "compile=false" in bad.stderr

@@ -68,6 +68,7 @@ class TrainConfig:
     resume: bool = True
     eval_batch_size: int = 128
     test_after_fit: bool = False
+    compile: bool = False  # torch.compile the fixed-shape loss (CUDA graphs on a GPU)
 
 
 register_schema("train_schema", TrainConfig)

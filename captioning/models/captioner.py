@@ -80,15 +80,36 @@ class Captioner(pl.LightningModule):
         self.optim_cfg = OptimConfig(**config.get("optim", {}))
         self.decode_cfg = BeamConfig(**config.get("decode", {}))
         self.decoder = CaptionDecoder(self.model_cfg, len(self.vocab), int(feature_meta["dim"]))
+        # compile: the fixed-shape loss under torch.compile (CUDA graphs on a GPU), captions
+        # padded to one length so that one graph serves every batch
+        self.compile_loss = bool(config.get("compile", False))
+        if self.compile_loss and self.decoder.hard:
+            raise CaptioningError(
+                "compile=true: hard_attention samples on the host and cannot be compiled whole; "
+                "train it with compile=false"
+            )
+        self._token_length = int(config.get("data", {}).get("max_length", 0)) + 2
+        self._compiled_loss: Any = None
         self._val_outputs: list[tuple[int, str]] = []
         self._skip_step = False
         self.last_val_predictions: dict[int, str] = {}
 
     # ------------------------------------------------------------------ training
+    def _loss(self, features: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        smoothing = self.optim_cfg.label_smoothing
+        if not self.compile_loss:
+            return self.decoder.compute_loss(features, mask, tokens, label_smoothing=smoothing)
+        if self._compiled_loss is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._compiled_loss = torch.compile(self.decoder.compute_loss_static, fullgraph=True, mode=mode)
+        if tokens.shape[1] < self._token_length:
+            tokens = torch.nn.functional.pad(tokens, (0, self._token_length - tokens.shape[1]), value=self.vocab.pad)
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # this step's graph outputs are new tensors
+        return self._compiled_loss(features, mask, tokens, label_smoothing=smoothing)
+
     def training_step(self, batch, batch_idx: int):
-        losses = self.decoder.compute_loss(
-            batch.features.float(), batch.mask, batch.tokens, label_smoothing=self.optim_cfg.label_smoothing
-        )
+        losses = self._loss(batch.features.float(), batch.mask, batch.tokens)
         loss = losses["loss"]
         finite = bool(torch.isfinite(loss).item())
         finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)

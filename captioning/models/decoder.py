@@ -603,6 +603,71 @@ class CaptionDecoder(nn.Module):
         out["loss"] = loss
         return out
 
+    def compute_loss_static(
+        self,
+        features: Tensor,
+        mask: Tensor | None,
+        tokens: Tensor,
+        label_smoothing: float = 0.0,
+    ) -> dict[str, Tensor]:
+        """``compute_loss`` on a fixed-shape schedule, for ``torch.compile`` and CUDA graphs.
+
+        Same inputs and the same ``loss``, ``xe``, ``ds`` (up to float rounding; with dropout
+        the random masks differ).  Every step runs all ``B`` rows for ``T = tokens.shape[1] - 1``
+        steps and the loss masks what lies after each ``<eos>``, so every shape follows from
+        ``tokens.shape`` and nothing is read back to the host (the padding layout is not
+        checked either).  More arithmetic than ``compute_loss`` (the padded steps run), but a
+        graph that compiles whole (``fullgraph=True``): on a GPU, where a decoder step's kernels
+        are too small to hide their launch cost, ``torch.compile(...,
+        mode="reduce-overhead")`` replays the whole loss from CUDA graphs.  On a CPU
+        ``compute_loss`` is faster.  Hard attention is not supported (it samples its training
+        mode and updates the REINFORCE baseline on the host).
+        """
+        if self.hard:
+            raise ConfigError(
+                "compute_loss_static: hard_attention decides soft/sampled batches and updates "
+                "its REINFORCE baseline on the host; use compute_loss"
+            )
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        step_mask = targets != self.pad_id  # [B,T]
+        values, mask = self.encode(features, mask)
+        keys = self.attention.precompute(values) if self.attention is not None else None
+        context = masked_mean(values, mask) if (self.uses_context and keys is None) else None
+        h, c = self._initial_hidden(values, mask)
+        lin = self._linears(deferred=False)
+        emb = self.embedding(inputs)  # [B,T,E]
+        x_gates = self._input_gates(emb)  # [B,T,4H]
+        hs: list[Tensor] = []
+        zs: list[Tensor] = []
+        alphas: list[Tensor] = []
+        for t in range(inputs.shape[1]):
+            z, alpha, _ = self._context(h[-1], values, keys, mask, context, "soft")
+            h, c = self._cell_step(x_gates[:, t], z, h, c, lin)
+            hs.append(h[-1])
+            if z is not None:
+                zs.append(z)
+            if alpha is not None:
+                alphas.append(alpha)
+        z_all = torch.stack(zs, 1) if zs else None
+        logits = self._logits(emb, torch.stack(hs, 1), z_all).float().flatten(0, 1)  # [B*T,V]
+        flat_targets = targets.flatten()
+        if label_smoothing > 0:
+            xe = F.cross_entropy(
+                logits, flat_targets, ignore_index=self.pad_id, label_smoothing=label_smoothing
+            )
+        else:
+            nll = F.cross_entropy(logits, flat_targets, ignore_index=self.pad_id, reduction="sum")
+            xe = nll / step_mask.sum().clamp_min(1)
+        out: dict[str, Tensor] = {"xe": xe}
+        if alphas:
+            ds = doubly_stochastic_penalty(torch.stack(alphas, 1), step_mask, mask)
+            out["ds"] = ds
+            out["loss"] = xe + self.cfg.doubly_stochastic * ds
+        else:
+            out["ds"] = logits.new_zeros(())
+            out["loss"] = xe
+        return out
+
     # ------------------------------------------------------------------ inference
 
     def init_state(self, features: Tensor, mask: Tensor | None) -> DecoderState:
