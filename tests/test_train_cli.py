@@ -134,10 +134,12 @@ def test_nonfinite_loss_skip_and_stop(tiny_images, tmp_path):
 
 def test_compiled_fixed_shape_loss_trains_like_the_eager_loss(tiny_images, tmp_path):
     """compile=true (CaptionDecoder.compute_loss_static under torch.compile, captions padded to
-    data.max_length) gives the eager run's loss curve; hard attention is refused up front."""
+    data.max_length) gives the eager run's loss curve, under DDP (2 CPU processes, gradients
+    synchronised through the compiled backward); hard attention is refused up front."""
     fast = [a for a in FAST if not a.startswith("model.dropout")]
     args = [*data_overrides(tiny_images["root"], tiny_images["features_dir"]), *fast, "model.dropout=0.0",
-            "trainer.max_epochs=2", "data.batch_size=32", "data.max_length=5", "optim.scheduler=none"]
+            "trainer=ddp_cpu", "trainer.max_epochs=2", "data.batch_size=16", "data.max_length=5",
+            "optim.scheduler=none"]
     run_cli("train", *args, f"hydra.run.dir={tmp_path / 'eager'}")
     run_cli("train", *args, "compile=true", f"hydra.run.dir={tmp_path / 'compiled'}", timeout=900)
     eager, compiled = read_losses(tmp_path / "eager"), read_losses(tmp_path / "compiled")
