@@ -23,7 +23,9 @@ Design choices (documented for the experiments that use this data):
   overlap.  Other objects (0-1 distractors) never change and are not mentioned.
 
 Layout under ``root`` (see docs/CONTRACTS.md): ``videos/video<N>.mp4`` (H.264, yuv420p,
-exactly ``frames`` frames, no B-frames, single-threaded x264 so bytes are reproducible),
+exactly ``frames`` frames, no B-frames, single-threaded x264: the same bytes in a fresh
+process; in a long-lived process a few P-frames have been seen to encode differently, within
+a few levels of the same pixels),
 ``annotations/videodatainfo.json`` (MSR-VTT: train/validate/test) and
 ``annotations/grounding.json``.
 """
@@ -229,7 +231,7 @@ def render_video(
 
 
 def encode_mp4(path: str | Path, video: np.ndarray, fps: int = 12, crf: int = 18) -> None:
-    """Encode uint8 frames [F, H, W, 3] as H.264 yuv420p mp4 (no B-frames, 1 thread: reproducible)."""
+    """Encode uint8 frames [F, H, W, 3] as H.264 yuv420p mp4 (no B-frames, 1 encoder thread)."""
     with av.open(str(path), mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height = int(video.shape[2]), int(video.shape[1])
