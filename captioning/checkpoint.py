@@ -11,6 +11,7 @@ import errno
 import io
 import pickle
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.plugins import TorchCheckpointIO
 
+from captioning.data.store import settings_diff
 from captioning.errors import CheckpointError, ConfigError, StorageError
 from captioning.utils.io import atomic_write
 
@@ -98,33 +100,49 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return ckpt
 
 
-def check_compatible(ckpt: dict, vocab: dict, feature_meta: dict, path: str | Path) -> None:
-    """Refuse to resume/evaluate with a vocabulary or features other than the checkpoint's."""
-    hp = ckpt["hyper_parameters"]
-    if list(hp["vocab"].get("itos", [])) != list(vocab.get("itos", [])):
+def check_compatible(hparams: Mapping[str, Any], vocab: Mapping[str, Any], feature_meta: Mapping[str, Any],
+                     path: str | Path) -> None:
+    """Refuse to resume/evaluate with a vocabulary or features other than the checkpoint's.
+
+    hparams: the checkpoint's ``hyper_parameters``; vocab / feature_meta: what the data and the
+    FeatureStore at hand give.  Features agree when their encoder ``settings`` and ``dim`` do.
+    """
+    theirs = list(hparams["vocab"].get("itos", []))
+    if theirs != list(vocab.get("itos", [])):
         raise ConfigError(
-            f"vocabulary mismatch: {path} was trained with a different vocabulary ({len(hp['vocab'].get('itos', []))} "
+            f"vocabulary mismatch: {path} was trained with a different vocabulary ({len(theirs)} "
             f"words) than this data gives ({len(vocab.get('itos', []))}); use the checkpoint's data config "
             f"(data.min_count, annotations) or start a new run (resume=false or another run_name)"
         )
-    mine, theirs = feature_meta.get("settings"), hp["feature_meta"].get("settings")
-    if mine != theirs or feature_meta.get("dim") != hp["feature_meta"].get("dim"):
+    diff = settings_diff(hparams["feature_meta"], feature_meta, keys=("settings", "dim"))
+    if diff:
         raise ConfigError(
-            f"encoder mismatch: {path} was trained on features {theirs} but features_dir has {mine}; "
-            f"point features_dir at the features the checkpoint was trained on"
+            f"encoder mismatch: {path} was trained on features with { {k: t for k, (t, _) in diff.items()} } "
+            f"but features_dir has { {k: m for k, (_, m) in diff.items()} }; point features_dir at the "
+            f"features the checkpoint was trained on"
         )
 
 
 def load_captioner(path: str | Path, map_location: str | torch.device = "cpu"):
-    """A ``Captioner`` in eval mode from a checkpoint (safe loading)."""
-    from captioning.models.captioner import Captioner
+    """The trained LightningModule (``captioning.models.captioner``) of a checkpoint, in eval mode.
+
+    Safe loading (``load_checkpoint``); for captioning from Python use ``captioning.Captioner``.
+    A model trained end to end comes back with its encoder (``captioning.finetune``).
+    """
+    from captioning.finetune import captioner_class
 
     ckpt = load_checkpoint(path, map_location)
     hp = ckpt["hyper_parameters"]
+    config = dict(hp["config"])
+    model_cfg = dict(config.get("model") or {})
+    if model_cfg.get("scoring") == "dot" and "decoder.attention.key_proj.weight" in ckpt["state_dict"]:
+        model_cfg["scoring"] = "general"  # written before 'dot' meant h.v: it projected, i.e. Luong's general
+        config["model"] = model_cfg
     try:
-        model = Captioner(config=hp["config"], vocab=hp["vocab"], feature_meta=hp["feature_meta"])
+        model = captioner_class(config)(config=config, vocab=hp["vocab"], feature_meta=hp["feature_meta"])
         model.load_state_dict(ckpt["state_dict"])
-    except (TypeError, KeyError, RuntimeError) as e:
-        raise CheckpointError(f"checkpoint {path} does not match this code's model: {str(e).splitlines()[0][:300]}") from None
+    except (TypeError, KeyError, RuntimeError, ConfigError) as e:
+        raise CheckpointError(f"checkpoint {path} does not match this code's model: "
+                              f"{str(e).splitlines()[0][:300]}") from None
     model.eval()
     return model

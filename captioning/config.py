@@ -1,8 +1,9 @@
 """Typed configuration shared by every job, and strict validation of composed Hydra configs.
 
-Each job has a dataclass schema (``TrainConfig`` in ``captioning.cli.train`` etc.).  The
+Each job has a dataclass schema (``TrainConfig`` in ``captioning.training`` etc.).  The
 composed YAML is merged onto the schema, so an unknown key, a wrong type or a missing
-mandatory value fails at start with one line naming the key and the fix.
+mandatory value fails at start with one line naming the key and the fix.  ``unknown_keys`` is
+the one check of keys against a dataclass schema (job configs, decoder and encoder configs).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import functools
 import logging
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,6 +64,11 @@ class DataConfig:
     num_workers: int = 2
 
 
+#: The ``TrainerConfig`` fields that inference (Lightning ``predict``) uses.
+PREDICT_FIELDS = ("accelerator", "devices", "strategy", "num_nodes", "precision", "enable_progress_bar",
+                  "default_root_dir", "deterministic", "limit_predict_batches")
+
+
 @dataclass
 class TrainerConfig:
     """Arguments of ``pytorch_lightning.Trainer`` that the jobs expose."""
@@ -88,6 +94,32 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     default_root_dir: str | None = None
 
+    def kwargs(self, *, predict: bool = False, **overrides: Any) -> dict[str, Any]:
+        """``pytorch_lightning.Trainer(**kwargs)`` arguments: the set fields, then ``overrides``.
+
+        None means Lightning's default (left out).  ``predict=True`` keeps only what inference
+        uses (device placement, precision, determinism, ``limit_predict_batches``, progress bar).
+        """
+        names = PREDICT_FIELDS if predict else [f.name for f in dataclasses.fields(self)]
+        args = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+        args.update(overrides)
+        return args
+
+
+def checkpoint_data_config(train_cfg: Mapping[str, Any], data_root: str | None = None) -> DataConfig:
+    """The ``DataConfig`` a checkpoint was trained with (``train_cfg``: its ``hparams["config"]``).
+
+    ``data_root``: the dataset moved there since; paths under the old ``data.root`` move with it.
+    """
+    data = dict(train_cfg["data"])
+    if data_root is not None:
+        old = data["root"]
+        data = {k: (v.replace(old, data_root, 1) if isinstance(v, str) and v.startswith(old) else v)
+                for k, v in data.items()}
+        data["annotations"] = {k: v.replace(old, data_root, 1) for k, v in data["annotations"].items()}
+        data["root"] = data_root
+    return DataConfig(**data)
+
 
 def register_schema(name: str, schema: type) -> None:
     """Register a job's dataclass schema with Hydra's ConfigStore.
@@ -111,10 +143,10 @@ def to_config(cfg: DictConfig | dict, schema: type[T]) -> T:
 
     Raises ConfigError with a one-line message naming the key and the fix.
     """
-    unknown = _unknown_key(cfg, schema)
+    unknown = unknown_keys(cfg, schema)
     if unknown:
         raise ConfigError(
-            f"unknown config key '{unknown}' for {schema.__name__}: check its spelling "
+            f"unknown config key '{unknown[0]}' for {schema.__name__}: check its spelling "
             f"(see conf/ for the valid keys)"
         )
     base = OmegaConf.structured(schema)
@@ -127,7 +159,7 @@ def to_config(cfg: DictConfig | dict, schema: type[T]) -> T:
                 f"missing mandatory config value '{missing[0]}': set it on the command line, "
                 f"e.g. {missing[0]}=<value>"
             )
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+        return _dict_fields_as_dicts(OmegaConf.to_object(merged))  # type: ignore[return-value]
     except (ConfigKeyError, ConfigAttributeError) as e:
         raise ConfigError(
             f"unknown config key '{_key_of(e)}' for {schema.__name__}: check its spelling "
@@ -142,29 +174,48 @@ def to_config(cfg: DictConfig | dict, schema: type[T]) -> T:
         msg = str(e).splitlines()[0]
         raise ConfigError(f"wrong type for config key '{_key_of(e)}': {msg}") from None
     except InterpolationResolutionError as e:
+        inner = e.__cause__ or e.__context__
+        if isinstance(inner, CaptioningError):  # a resolver's own one-line error (e.g. a bad model key)
+            raise inner from None
         raise ConfigError(f"config interpolation failed at '{_key_of(e)}': {str(e).splitlines()[0]}") from None
 
 
-def _unknown_key(cfg: Any, schema: type, prefix: str = "") -> str | None:
-    """The first key of ``cfg`` (dotted path) that the dataclass ``schema`` does not declare."""
-    if not dataclasses.is_dataclass(schema) or not isinstance(cfg, (dict, DictConfig)):
-        return None
+def _dict_fields_as_dicts(obj: Any) -> Any:
+    """A field typed ``dict`` whose node was built from a schema (e.g. ``model`` extending
+    ``model/lstm_schema``) comes back from OmegaConf as that dataclass: keep it a plain dict."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if typing.get_origin(typing.get_type_hints(type(obj)).get(f.name)) is dict:
+                setattr(obj, f.name, dataclasses.asdict(value))
+            else:
+                _dict_fields_as_dicts(value)
+    return obj
+
+
+def unknown_keys(cfg: Mapping[str, Any] | DictConfig, schema: type, prefix: str = "") -> list[str]:
+    """The keys of ``cfg`` that the dataclass ``schema`` does not declare, as dotted paths.
+
+    Nested dataclass fields are checked recursively; keys come in ``cfg``'s order.  A top-level
+    ``hydra`` node (Hydra's own settings) is not a key of any schema.  ``[]``: all keys known.
+    """
+    if not dataclasses.is_dataclass(schema) or not isinstance(cfg, (Mapping, DictConfig)):
+        return []
     hints = typing.get_type_hints(schema)
     names = {f.name for f in dataclasses.fields(schema)}
-    keys = cfg.keys() if isinstance(cfg, dict) else cfg.keys()
-    for key in keys:
-        if key == "hydra":
+    found: list[str] = []
+    for key in cfg.keys():
+        if key == "hydra" and not prefix:
             continue
         path = f"{prefix}{key}"
         if key not in names:
-            return path
+            found.append(path)
+            continue
         sub_type = hints.get(str(key))
         if dataclasses.is_dataclass(sub_type):
-            value = cfg[key] if isinstance(cfg, dict) else cfg._get_node(key)
-            found = _unknown_key(value, sub_type, path + ".")
-            if found:
-                return found
-    return None
+            value = cfg._get_node(key) if isinstance(cfg, DictConfig) else cfg[key]
+            found += unknown_keys(value, sub_type, path + ".")
+    return found
 
 
 def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

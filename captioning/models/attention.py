@@ -16,10 +16,11 @@ Hard (stochastic) attention follows Xu et al. 2015 Sec. 4.1: sample a location
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor, nn
+
+from captioning.errors import ConfigError
+from captioning.models import kernels
 
 __all__ = [
     "AdditiveAttention",
@@ -44,8 +45,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- helpers
-
-_CPU_CHUNK = 1 << 19  # elements of [G,N,A] scored at once in CPU inference
 
 
 def expand_groups(x: Tensor | None, rows: int) -> Tensor | None:
@@ -120,15 +119,6 @@ class AttentionScorer(nn.Module):
         alpha = masked_softmax(self.scores(h, keys), mask)
         return soft_context(alpha, values), alpha
 
-    def step_scorer(self, keys: Tensor) -> Callable[[Tensor], Tensor]:
-        """Scores for teacher forcing: ``h [R,H] -> e [R,N]`` against ``keys[:R]``.
-
-        The caller drops finished sequences from the end of a length-sorted batch, so step
-        ``t`` scores the first ``R_t`` rows.  Subclasses may accumulate ``dL/dkeys`` over the
-        steps instead of letting autograd zero-pad and add one ``[M,N,A]`` gradient per step.
-        """
-        return lambda h: self.scores(h, keys[: h.shape[0]])
-
 
 class AdditiveAttention(AttentionScorer):
     """Bahdanau / Xu scoring ``e_i = w^T tanh(W_a h + U_a v_i + b_a)``.
@@ -148,160 +138,42 @@ class AdditiveAttention(AttentionScorer):
     def scores(self, h: Tensor, keys: Tensor) -> Tensor:
         m, n, a = keys.shape
         r = h.shape[0]
-        g = r // m
-        q = self.query_proj(h).reshape(m, g, 1, a)  # [M,G,1,A]
-        if keys.device.type == "cpu" and not torch.is_grad_enabled():
-            return self._scores_in_chunks(keys, q.to(keys.dtype)).reshape(r, n)
-        return self._scores(keys, q).reshape(r, n)
-
-    def _scores_in_chunks(self, keys: Tensor, q: Tensor) -> Tensor:
-        """CPU inference: items in chunks small enough for the cache, all through ONE scratch
-        buffer (a fresh ``[M,G,N,A]`` tensor per step costs more in page faults than the
-        tanh itself).  ``keys [M,N,A]``, ``q [M,G,1,A]`` -> ``e [M,G,N]``."""
-        m, g, _, a = q.shape
-        n = keys.shape[1]
-        step = min(m, max(1, _CPU_CHUNK // max(1, g * n * a)))
-        scratch = keys.new_empty(step, g, n, a)
-        w = self.score_proj.weight.reshape(a).to(keys.dtype)
-        e = keys.new_empty(m, g, n)
-        for i in range(0, m, step):
-            j = min(m, i + step)
-            x = torch.add(keys[i:j].unsqueeze(1), q[i:j], out=scratch[: j - i]).tanh_()
-            torch.matmul(x, w, out=e[i:j])
-        return e
-
-    def _scores(self, keys: Tensor, q: Tensor) -> Tensor:
-        x = keys.unsqueeze(1) + q  # [M,G,N,A], a fresh tensor: tanh in place
-        return self.score_proj(x.tanh_())  # [M,G,N,1]
-
-    def step_scorer(self, keys: Tensor) -> Callable[[Tensor], Tensor]:
-        if not torch.is_grad_enabled():
-            return super().step_scorer(keys)
-        grads = _AdditiveKeyGradients(keys)
-        w = self.score_proj.weight.reshape(-1)
-        token = _KeyGradSink.apply(keys, w, grads)
-
-        def scorer(h: Tensor) -> Tensor:
-            return _AdditiveScoresStep.apply(self.query_proj(h), w, token, grads)
-
-        return scorer
-
-
-class _AdditiveKeyGradients:
-    """``dL/dK`` of additive scores ``e_t = w^T tanh(K + q_t)`` summed over all steps.
-
-    ``dL/dK = w * sum_t de_t (1 - y_t^2)`` with ``y_t = tanh(K + q_t)`` (w broadcast over
-    the attention axis), kept as ``d = sum_t de_t [M,N]`` and ``p = sum_t de_t y_t^2``
-    ``[M,N,A]``: one in-place update per step, ``w * (d - p)`` once at the end.  Also owns
-    the one scratch buffer all steps compute ``y_t`` in (forward, and again in backward).
-    """
-
-    def __init__(self, keys: Tensor) -> None:
-        self.keys = keys.detach()
-        self.d: Tensor | None = None
-        self.p: Tensor | None = None
-        self._scratch: Tensor | None = None
-
-    def tanh(self, q: Tensor) -> Tensor:
-        """``tanh(K[:R] + q)`` for ``q [R,A]`` into one reused scratch buffer -> ``[R,N,A]``."""
-        r = q.shape[0]
-        if self._scratch is None:
-            self._scratch = torch.empty_like(self.keys)
-        y = self._scratch[:r]
-        return torch.add(self.keys[:r], q.to(self.keys.dtype).unsqueeze(1), out=y).tanh_()
-
-    def add(self, rows: int, de: Tensor, y2: Tensor) -> None:
-        if self.d is None or self.p is None:
-            self.d = torch.zeros(self.keys.shape[:2], dtype=de.dtype, device=de.device)
-            self.p = torch.zeros(self.keys.shape, dtype=y2.dtype, device=y2.device)
-        self.d[:rows] += de
-        self.p[:rows].addcmul_(de.unsqueeze(-1), y2)
-
-
-class _KeyGradSink(torch.autograd.Function):
-    """Hands the accumulated ``dL/dK`` to ``K`` after every step's backward has run (each
-    step takes this node's output as an input, so autograd orders it last)."""
-
-    @staticmethod
-    def forward(ctx, keys: Tensor, w: Tensor, grads: _AdditiveKeyGradients) -> Tensor:  # type: ignore[override]
-        ctx.grads = grads
-        ctx.w = w.detach()
-        ctx.dtype = keys.dtype
-        return keys.new_zeros(())
-
-    @staticmethod
-    def backward(ctx, _grad: Tensor):  # type: ignore[override]
-        g = ctx.grads
-        if g.d is None or g.p is None or not ctx.needs_input_grad[0]:
-            return None, None, None
-        dk = torch.sub(g.d.unsqueeze(-1), g.p, out=g.p).mul_(ctx.w.to(g.p.dtype))
-        g.d = g.p = None
-        return dk.to(ctx.dtype), None, None
-
-
-class _AdditiveScoresStep(torch.autograd.Function):
-    """``e = tanh(K[:R] + q) w`` for one step: ``q [R,A]``, ``w [A]`` -> ``e [R,N]``.
-
-    Only ``q`` is saved: backward recomputes the ``[R,N,A]`` tanh into the scratch buffer
-    (one add + tanh, cheaper on CPU than page-faulting a fresh tensor per step, and ``T``
-    times less activation memory), returns ``dq`` and ``dw``, and adds ``dK`` into
-    ``_AdditiveKeyGradients``.
-    """
-
-    @staticmethod
-    def forward(ctx, q: Tensor, w: Tensor, token: Tensor, grads: _AdditiveKeyGradients) -> Tensor:  # type: ignore[override]
-        y = grads.tanh(q)  # [R,N,A] in the scratch buffer, not saved
-        ctx.save_for_backward(q, w)
-        ctx.grads = grads
-        ctx.q_dtype = q.dtype
-        return torch.matmul(y, w.to(y.dtype))
-
-    @staticmethod
-    def backward(ctx, de: Tensor):  # type: ignore[override]
-        q, w = ctx.saved_tensors
-        y = ctx.grads.tanh(q)  # recomputed into the scratch buffer
-        r, n, a = y.shape
-        de = de.to(y.dtype).contiguous()
-        dw = (de.reshape(1, r * n) @ y.reshape(r * n, a)).reshape(a).to(w.dtype)
-        y2 = y.mul_(y)  # [R,N,A] tanh^2, in place (y is not needed any more)
-        ctx.grads.add(r, de, y2)
-        # dq = w * sum_n de_n (1 - y_n^2)
-        dq = (de.sum(1, keepdim=True) - torch.bmm(de.unsqueeze(1), y2).squeeze(1)) * w.to(y.dtype)
-        return dq.to(ctx.q_dtype), dw, torch.zeros_like(ctx.grads.keys[0, 0, 0]), None
+        q = self.query_proj(h).reshape(m, r // m, 1, a)  # [M,G,1,A]
+        if keys.device.type == "cpu" and not torch.is_grad_enabled():  # one scratch buffer
+            return kernels.additive_scores_inference(keys, q.to(keys.dtype), self.score_proj.weight)
+        x = (keys.unsqueeze(1) + q).tanh_()  # [M,G,N,A], a fresh tensor: tanh in place
+        return self.score_proj(x).reshape(r, n)
 
 
 class DotAttention(AttentionScorer):
-    """Dot-product scoring ``e_i = h^T v_i``.
+    """Dot-product scoring ``e_i = h^T v_i`` (Luong et al. 2015): no parameters, ``keys = values``.
 
-    When ``value_dim != query_dim`` the values are first projected to the query size
-    (a learned ``P v_i``, precomputed once); otherwise ``keys = values`` (no parameters).
-    ``scale=True`` divides by ``sqrt(query_dim)``.
+    Needs ``value_dim == query_dim``; for annotation vectors of another size use ``general``
+    (``h^T W v_i``, a learned ``W``) or ``additive``.  ``scale=True`` divides by ``sqrt(dim)``.
     """
 
     def __init__(self, query_dim: int, value_dim: int, scale: bool = False) -> None:
         super().__init__()
-        self.key_proj = (
-            nn.Linear(value_dim, query_dim, bias=False) if value_dim != query_dim else None
-        )
+        if value_dim != query_dim:
+            raise ConfigError(
+                f"dot attention scores h.v and needs annotation vectors of the decoder's size "
+                f"({value_dim} != {query_dim}); use scoring=general (h^T W v, learned W) or additive"
+            )
         self.scale = query_dim**-0.5 if scale else 1.0
 
     def precompute(self, values: Tensor) -> Tensor:
-        return values if self.key_proj is None else self.key_proj(values)
-
-    def _query(self, h: Tensor) -> Tensor:
-        return h
+        return values
 
     def scores(self, h: Tensor, keys: Tensor) -> Tensor:
         m, n, d = keys.shape
         r = h.shape[0]
-        q = self._query(h).to(keys.dtype).reshape(m, r // m, d).transpose(1, 2)  # [M,D,G]
-        e = torch.bmm(keys, q)  # [M,N,G]
-        e = e.transpose(1, 2).reshape(r, n)
+        q = h.to(keys.dtype).reshape(m, r // m, d).transpose(1, 2)  # [M,D,G]
+        e = torch.bmm(keys, q).transpose(1, 2).reshape(r, n)  # [M,N,G] -> [R,N]
         return e * self.scale if self.scale != 1.0 else e
 
 
 class GeneralAttention(DotAttention):
-    """Luong "general" (bilinear) scoring ``e_i = h^T W v_i``; ``keys = W v`` precomputed."""
+    """Luong "general" (bilinear) scoring ``e_i = h^T W v_i``; ``keys = W v`` precomputed once."""
 
     def __init__(self, query_dim: int, value_dim: int) -> None:
         nn.Module.__init__(self)
@@ -322,7 +194,7 @@ def build_attention(
         return DotAttention(query_dim, value_dim)
     if scoring == "general":
         return GeneralAttention(query_dim, value_dim)
-    raise ValueError(f"unknown attention scoring {scoring!r}; use additive, dot or general")
+    raise ConfigError(f"unknown attention scoring {scoring!r}; use additive, dot or general")
 
 
 class SelectorGate(nn.Module):
@@ -409,12 +281,14 @@ def doubly_stochastic_penalty(
     position_mask: Tensor | None = None,
     target: float = 1.0,
 ) -> Tensor:
-    """Xu et al.'s doubly stochastic regulariser ``sum_i (target - sum_t alpha_ti)^2``.
+    """Xu et al.'s doubly stochastic regulariser per caption: ``sum_i (target - sum_t alpha_ti)^2``.
 
     ``alphas [B,T,N]``; ``step_mask [B,T]`` (True = real decoding step, padded steps do not
     count towards ``sum_t``); ``position_mask [B,N]`` (True = real position; padded positions
-    are left out of ``sum_i``).  Normalisation: summed over positions, AVERAGED over the
-    ``B`` sequences (not over steps or positions), as in the paper's eq. 14.
+    are left out of ``sum_i``).  Returns ``[B]``: one penalty per caption.  In Xu et al.'s
+    eq. 14 (and arctic-captions) it is added to the caption's SUMMED negative log-likelihood,
+    so a per-token loss must divide it by the number of tokens, not by the number of captions
+    (see ``captioning.models.decoders.lstm``).
     """
     a = alphas.float()
     if step_mask is not None:
@@ -422,4 +296,4 @@ def doubly_stochastic_penalty(
     per_pos = (target - a.sum(dim=1)) ** 2  # [B,N]
     if position_mask is not None:
         per_pos = per_pos * position_mask.to(per_pos.dtype)
-    return per_pos.sum(dim=1).mean()
+    return per_pos.sum(dim=1)

@@ -7,6 +7,7 @@ scores the whole split once, so BLEU-4/CIDEr-D under DDP equal a single-process 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -21,8 +22,10 @@ import torch.distributed as dist
 from captioning.data.vocab import Vocabulary
 from captioning.errors import CaptioningError
 from captioning.evaluation.metrics import compute_metrics
-from captioning.models.decoder import CaptionDecoder, DecoderConfig
-from captioning.models.search import BeamConfig, Hypothesis, decode_batch
+from captioning.models.decoders import CaptionDecoder, build_decoder
+from captioning.models.positions import layout_from_meta
+from captioning.models.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
+from captioning.models.search import BeamConfig, Hypothesis, decode_batch, greedy_decode, sample
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +68,8 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
-class Captioner(pl.LightningModule):
-    """Caption decoder + vocabulary + optimisation.
+class CaptioningModule(pl.LightningModule):
+    """A registered caption decoder (``config["model"]``) + vocabulary + optimisation.
 
     Hyper-parameters are plain dicts (resolved config, vocabulary, feature-store meta),
     so checkpoints load with ``torch.load(weights_only=True)``.
@@ -76,17 +79,21 @@ class Captioner(pl.LightningModule):
         super().__init__()
         self.save_hyperparameters({"config": config, "vocab": vocab, "feature_meta": feature_meta})
         self.vocab = Vocabulary.from_dict(vocab)
-        self.model_cfg = DecoderConfig(**config["model"])
         self.optim_cfg = OptimConfig(**config.get("optim", {}))
         self.decode_cfg = BeamConfig(**config.get("decode", {}))
-        self.decoder = CaptionDecoder(self.model_cfg, len(self.vocab), int(feature_meta["dim"]))
+        self.scst_cfg = ScstConfig(**config.get("scst", {})).validate()
+        self._reward: Any = None  # stage=scst: CIDEr-D against the training references
+        self.decoder: CaptionDecoder = build_decoder(
+            config["model"], len(self.vocab), int(feature_meta["dim"]), layout_from_meta(feature_meta),
+            pad_id=self.vocab.pad,
+        )
         # compile: the fixed-shape loss under torch.compile (CUDA graphs on a GPU), captions
         # padded to one length so that one graph serves every batch
         self.compile_loss = bool(config.get("compile", False))
-        if self.compile_loss and self.decoder.hard:
+        if self.compile_loss and not self.decoder.compilable:
             raise CaptioningError(
-                "compile=true: hard_attention samples on the host and cannot be compiled whole; "
-                "train it with compile=false"
+                f"compile=true: the {self.decoder.name} decoder as configured cannot be compiled whole "
+                f"(hard attention samples on the host); train it with compile=false"
             )
         self._token_length = int(config.get("data", {}).get("max_length", 0)) + 2
         self._compiled_loss: Any = None
@@ -101,15 +108,59 @@ class Captioner(pl.LightningModule):
             return self.decoder.compute_loss(features, mask, tokens, label_smoothing=smoothing)
         if self._compiled_loss is None:
             mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._compiled_loss = torch.compile(self.decoder.compute_loss_static, fullgraph=True, mode=mode)
+            self._compiled_loss = torch.compile(functools.partial(self.decoder.compute_loss, static=True),
+                                                fullgraph=True, mode=mode)
         if tokens.shape[1] < self._token_length:
             tokens = torch.nn.functional.pad(tokens, (0, self._token_length - tokens.shape[1]), value=self.vocab.pad)
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # this step's graph outputs are new tensors
         return self._compiled_loss(features, mask, tokens, label_smoothing=smoothing)
 
+    def on_fit_start(self) -> None:
+        if self.scst_cfg.enabled:
+            from captioning.evaluation.metrics import CiderD
+
+            refs = self.trainer.datamodule.items["train"].references
+            self._reward = CiderD([[r.split() for r in item] for item in refs])  # df once
+
+    def _scst_loss(self, batch) -> dict[str, torch.Tensor]:
+        """Self-critical loss of a batch of items (``captioning.models.scst``)."""
+        cfg, v = self.scst_cfg, self.vocab
+        feats = batch.features.float()
+        banned = sorted({v.pad, v.bos, v.unk} - {v.eos})
+        drawn = sample(self.decoder, feats, batch.mask, n=cfg.samples, max_length=cfg.max_length, bos=v.bos,
+                       eos=v.eos, banned=banned, temperature=cfg.temperature, entropy=cfg.entropy_weight > 0)
+        items = batch.index.tolist()
+        rewards = torch.as_tensor(
+            self._reward([v.decode(w) for w in drawn.words(v.eos)], [i for i in items for _ in range(cfg.samples)]),
+            dtype=torch.float32, device=feats.device)
+        if cfg.baseline == "greedy":  # Rennie et al.: the reward of test-time inference
+            self.decoder.eval()
+            with torch.no_grad():
+                greedy = greedy_decode(self.decoder, feats, batch.mask, cfg.max_length, v.bos, v.eos, unk=v.unk)
+            self.decoder.train()
+            base = torch.as_tensor(self._reward([v.decode(h.tokens) for h in greedy], items),
+                                   dtype=torch.float32, device=feats.device).repeat_interleave(cfg.samples)
+        else:  # Luo 2020: the mean reward of the item's other samples
+            base = leave_one_out_baseline(rewards.view(-1, cfg.samples)).reshape(-1)
+        loss = scst_surrogate(drawn.log_probs, drawn.mask, rewards - base)
+        out = {"reward": rewards.mean(), "baseline_reward": base.mean(), "scst": loss.detach()}
+        if cfg.entropy_weight > 0 and drawn.entropy is not None:
+            entropy = drawn.entropy.sum() / drawn.mask.sum().clamp_min(1)
+            loss = loss - cfg.entropy_weight * entropy
+            out["entropy"] = entropy.detach()
+        if cfg.xe_weight > 0:
+            xe = self.decoder.compute_loss(feats, batch.mask, batch.tokens, self.optim_cfg.label_smoothing)["xe"]
+            loss = loss + cfg.xe_weight * xe
+            out["xe"] = xe.detach()
+        out["loss"] = loss
+        return out
+
     def training_step(self, batch, batch_idx: int):
-        losses = self._loss(batch.features.float(), batch.mask, batch.tokens)
+        if self.scst_cfg.enabled:
+            losses = self._scst_loss(batch)
+        else:
+            losses = self._loss(batch.features.float(), batch.mask, batch.tokens)
         loss = losses["loss"]
         finite = bool(torch.isfinite(loss).item())
         finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
@@ -177,13 +228,19 @@ class Captioner(pl.LightningModule):
         self.log("val/items", float(len(predictions)), sync_dist=False, rank_zero_only=False)
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
-        """Decode a batch: per item its index, tokens and the attention that emitted each token."""
-        hyps = self.generate(batch.features, batch.mask)
+        """Decode a batch: per item its index, the best hypothesis's tokens, the attention that
+        emitted each token and its score, and ``nbest``: every hypothesis (tokens, score), best
+        first (beam search's n-best or the samples)."""
+        with torch.no_grad():
+            nbest = decode_batch(self.decoder, batch.features.float(), batch.mask, self.decode_cfg,
+                                 self.vocab.bos, self.vocab.eos, self.vocab.unk)
         out = []
-        for i, h in zip(batch.index.tolist(), hyps, strict=True):
+        for i, hyps in zip(batch.index.tolist(), nbest, strict=True):
+            h = hyps[0]
             tokens = self.vocab.decode(h.tokens)
             att = None if h.attention is None else h.attention[: len(tokens)].float().cpu().numpy()
-            out.append({"index": i, "tokens": tokens, "attention": att, "score": float(h.score)})
+            out.append({"index": i, "tokens": tokens, "attention": att, "score": float(h.score),
+                        "nbest": [(self.vocab.decode(x.tokens), float(x.score)) for x in hyps]})
         return out
 
     # ------------------------------------------------------------------ optimisation

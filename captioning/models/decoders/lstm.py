@@ -1,0 +1,467 @@
+"""LSTM decoders over N annotation vectors: Show, Attend and Tell and its baselines.
+
+``model.name=lstm``, one code path switched by ``variant``:
+
+- ``show_tell`` (Vinyals et al. 2015): the mean annotation, projected to the word size, is the
+  LSTM's input at step ``-1``; no context afterwards.
+- ``mean_pool`` (Venugopalan et al. 2015): the fixed context ``z = mean_i a_i`` at every step.
+- ``soft_attention`` (Xu et al. 2015; Bahdanau et al. 2014; Yao et al. 2015 over frames).
+- ``hard_attention`` (Xu et al. 2015 Sec. 4.1): ``z_t = beta_t a_{s_t}``, ``s_t ~ alpha_t``.
+
+Step ``t`` reads ``y_{t-1}`` and ``h_{t-1}`` (Xu et al., eqs. 1-7 and Sec. 3.1.2):
+
+    e_ti    = f_att(a_i, h_{t-1})                 additive | dot | general (attention.py)
+    alpha_t = softmax(e_t) over the real positions
+    z_t     = beta_t sum_i alpha_ti a_i,  beta_t = sigmoid(f_beta(h_{t-1}))     (gate)
+    h_t,c_t = LSTM([E y_{t-1}; z_t], h_{t-1}, c_{t-1})
+    p(y_t)  = softmax(L_o(E y_{t-1} + L_h h_t + L_z z_t))                    (deep output)
+    h_0,c_0 = tanh(f_init(mean_i a_i))
+
+The annotation vectors ``a_i`` are the features, optionally re-encoded by a BiLSTM over the N
+positions (Bahdanau's encoder; order-aware frames) and, for the attending variants, with a
+position/time code (``captioning.models.positions``) so attention knows where and when.
+
+Loss (eq. 14), per caption: ``-sum_t log p(y_t) + lambda sum_i (1 - sum_t alpha_ti)^2``.  The
+batch loss is the sum over captions divided by the number of tokens, so ``loss`` reads per token
+(like ``xe``) while lambda weighs the regulariser against the caption's summed log-likelihood as
+in the paper (and in arctic-captions); ``ds`` is logged per caption.
+
+Teacher forcing runs the loop only over the captions still running at each step (the batch
+sorted by length: what ``pack_padded_sequence`` does), or with ``static=True`` over every row at
+every step (fixed shapes, one graph for ``torch.compile``).  With ``fused_kernels`` the step uses
+``captioning.models.kernels`` (the same numbers, faster on a CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from captioning.errors import ConfigError
+from captioning.models import kernels
+from captioning.models.attention import (
+    AdditiveAttention,
+    SelectorGate,
+    argmax_location,
+    attention_entropy,
+    build_attention,
+    doubly_stochastic_penalty,
+    expand_groups,
+    hard_context,
+    location_log_prob,
+    masked_mean,
+    masked_softmax,
+    reinforce_surrogate,
+    sample_location,
+    soft_context,
+    update_baseline,
+)
+from captioning.models.decoders import register_decoder
+from captioning.models.decoders.base import (
+    CaptionDecoder,
+    DecoderState,
+    check_right_padded,
+    teacher_forcing_targets,
+    token_cross_entropy,
+)
+from captioning.models.positions import CODES, MODES, PositionCode
+
+__all__ = ["LSTMConfig", "LSTMDecoder", "VARIANTS"]
+
+VARIANTS = ("show_tell", "mean_pool", "soft_attention", "hard_attention")
+SCORINGS = ("additive", "dot", "general")
+TEST_MODES = ("argmax", "expectation")
+
+
+@dataclass
+class LSTMConfig:
+    """Hyper-parameters of the LSTM decoders (``conf/model/{soft,hard,temporal}_attention|...``)."""
+
+    name: str = "lstm"
+    variant: str = "soft_attention"  # show_tell | mean_pool | soft_attention | hard_attention
+    scoring: str = "additive"  # additive | dot (h.a, equal sizes) | general (h^T W a)
+    embed_dim: int = 256
+    hidden_dim: int = 512
+    attention_dim: int = 256
+    num_layers: int = 1
+    dropout: float = 0.3
+    init_from_mean: bool = True  # h0/c0 = tanh(MLP(mean annotation)); show_tell: image is x_{-1}
+    gate: bool = True  # Xu's selector beta = sigmoid(W_beta h)
+    deep_output: bool = True  # L_o(E y_{t-1} + L_h h_t + L_z z_t)
+    bidirectional_encoder: bool = False  # BiLSTM over the N positions (frames) before attention
+    position_code: str = "none"  # none | sinusoidal | learned: where/when code of each a_i
+    position_mode: str = "concat"  # concat [a_i; p_i] | add a_i + p_i
+    position_dim: int = 64  # channels of a concatenated code
+    doubly_stochastic: float = 1.0  # lambda of eq. 14, against the caption's SUMMED NLL
+    # hard attention
+    soft_fraction: float = 0.5  # share of training batches that use the soft expectation
+    entropy_weight: float = 0.01
+    baseline_decay: float = 0.9
+    reinforce_weight: float = 1.0
+    test_mode: str = "argmax"  # argmax | expectation
+    fused_kernels: bool = True  # teacher forcing through captioning.models.kernels
+
+    def validate(self) -> LSTMConfig:
+        """Raise ``ConfigError`` naming the bad key; returns ``self``."""
+        choices = {"variant": VARIANTS, "scoring": SCORINGS, "test_mode": TEST_MODES,
+                   "position_code": CODES, "position_mode": MODES}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"model.{key}={getattr(self, key)!r} is not one of {list(allowed)}; "
+                                  f"set it to one of those")
+        for key in ("embed_dim", "hidden_dim", "attention_dim", "num_layers", "position_dim"):
+            if int(getattr(self, key)) < 1:
+                raise ConfigError(f"model.{key} must be >= 1 (got {getattr(self, key)})")
+        for key in ("dropout", "soft_fraction", "baseline_decay"):
+            v = float(getattr(self, key))
+            if not 0.0 <= v <= 1.0:
+                raise ConfigError(f"model.{key} must be in [0, 1] (got {v})")
+        if self.doubly_stochastic < 0:
+            raise ConfigError(f"model.doubly_stochastic must be >= 0 (got {self.doubly_stochastic})")
+        if self.bidirectional_encoder and self.hidden_dim < 2:
+            raise ConfigError("model.hidden_dim must be >= 2 with bidirectional_encoder")
+        return self
+
+
+def _pad_rows_and_stack(xs: list[Tensor], rows: int) -> Tensor:
+    """Per-step tensors ``xs[t] [R_t, ...]`` (``R_t <= rows``) -> ``[rows, T, ...]``, zero-padded."""
+    return torch.stack([F.pad(x, (0, 0) * (x.dim() - 1) + (0, rows - x.shape[0])) for x in xs], 1)
+
+
+@register_decoder("lstm")
+class LSTMDecoder(CaptionDecoder):
+    """The four variants of the module docstring; ``features [B,N,C]``, ``mask [B,N]`` bool | None.
+
+    With ``bidirectional_encoder`` the mask must mark a prefix of real positions (as frame
+    features do).
+    """
+
+    Config = LSTMConfig
+
+    def __init__(self, cfg: LSTMConfig, vocab_size: int, feature_dim: int,
+                 layout: tuple[int, ...] | None = None, pad_id: int = 0) -> None:
+        super().__init__(cfg, vocab_size, feature_dim, layout, pad_id)
+        E, H, L = cfg.embed_dim, cfg.hidden_dim, cfg.num_layers
+        attends = cfg.variant in ("soft_attention", "hard_attention")
+        self.has_attention = attends
+        self.hard = cfg.variant == "hard_attention"
+        self.hard_attention = self.hard and cfg.test_mode == "argmax"
+        self.compilable = not self.hard
+        self.uses_context = cfg.variant != "show_tell"
+
+        self.embedding = nn.Embedding(self.vocab_size, E, padding_idx=self.pad_id)
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        with torch.no_grad():
+            self.embedding.weight[self.pad_id].zero_()
+
+        # annotation vectors a_i: features, BiLSTM-encoded if configured, + position code
+        if cfg.bidirectional_encoder:
+            self.encoder: nn.LSTM | None = nn.LSTM(feature_dim, H // 2, batch_first=True, bidirectional=True)
+            enc_dim = 2 * (H // 2)
+        else:
+            self.encoder = None
+            enc_dim = feature_dim
+        self.position: PositionCode | None = None
+        if attends and cfg.position_code != "none":
+            if self.layout is None:
+                raise ConfigError("model.position_code needs the layout of the features (grid or frames) "
+                                  "from the feature store meta; set model.position_code=none")
+            self.position = PositionCode(self.layout, enc_dim, cfg.position_code, cfg.position_mode,
+                                         cfg.position_dim)
+        ctx_dim = self.position.out_dim if self.position is not None else enc_dim
+        self.context_dim = ctx_dim
+
+        self.attention = build_attention(cfg.scoring, H, ctx_dim, cfg.attention_dim) if attends else None
+        self.gate = SelectorGate(H) if (attends and cfg.gate) else None
+        in0 = E + (ctx_dim if self.uses_context else 0)
+        self.cells = nn.ModuleList([nn.LSTMCell(in0 if i == 0 else H, H) for i in range(L)])
+        self.image_proj = nn.Linear(enc_dim, E) if cfg.variant == "show_tell" else None
+        if cfg.variant != "show_tell" and cfg.init_from_mean:
+            self.init_h: nn.Linear | None = nn.Linear(enc_dim, L * H)
+            self.init_c: nn.Linear | None = nn.Linear(enc_dim, L * H)
+        else:
+            self.init_h = self.init_c = None
+        self.dropout = nn.Dropout(cfg.dropout)
+        if cfg.deep_output:  # [L_h ; L_z] as one linear layer on [h_t ; z_t]
+            self.out_hidden: nn.Linear | None = nn.Linear(H + (ctx_dim if self.uses_context else 0), E)
+            self.out_vocab = nn.Linear(E, self.vocab_size)
+        else:
+            self.out_hidden = None
+            self.out_vocab = nn.Linear(H, self.vocab_size)
+        # hard attention: moving-average baseline of the reward and how often it was updated
+        self.register_buffer("reinforce_baseline", torch.zeros(()))
+        self.register_buffer("reinforce_updates", torch.zeros((), dtype=torch.long))
+
+    @classmethod
+    def run_tag(cls, cfg: LSTMConfig) -> str:
+        return f"{cfg.variant}-{cfg.scoring}"
+
+    @classmethod
+    def examples(cls) -> list[dict[str, Any]]:
+        small = {"name": "lstm", "embed_dim": 16, "hidden_dim": 24, "attention_dim": 8, "dropout": 0.0}
+        return [
+            {**small, "variant": "show_tell"},
+            {**small, "variant": "mean_pool"},
+            {**small, "variant": "soft_attention"},
+            {**small, "variant": "soft_attention", "scoring": "general", "num_layers": 2,
+             "position_code": "sinusoidal", "bidirectional_encoder": True},
+            {**small, "variant": "hard_attention", "position_code": "learned", "position_mode": "add"},
+        ]
+
+    # ------------------------------------------------------------------ annotation vectors
+
+    def _encode(self, features: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Features, BiLSTM-encoded if configured: ``[B,N,C']`` (padding zeroed)."""
+        values = features.to(self.embedding.weight.dtype)
+        if mask is not None:
+            mask = mask.to(torch.bool)
+        if self.encoder is None:
+            return values, mask
+        if mask is None:
+            return self.encoder(values)[0], mask
+        n = values.shape[1]
+        lengths = mask.sum(1).clamp_min(1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(values, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = nn.utils.rnn.pad_packed_sequence(self.encoder(packed)[0], batch_first=True, total_length=n)
+        return out * mask.unsqueeze(-1).to(out.dtype), mask
+
+    def _memory(self, features: Tensor, mask: Tensor | None) -> tuple[dict[str, Tensor | None], Tensor]:
+        """What every step reads (``values`` a_i, ``keys`` = attention keys computed ONCE,
+        ``mask``, mean_pool's fixed ``context``) and the mean annotation for ``h_0``."""
+        encoded, mask = self._encode(features, mask)
+        mean = masked_mean(encoded, mask)
+        memory: dict[str, Tensor | None] = {"values": None, "keys": None, "mask": mask, "context": None}
+        if self.attention is not None:
+            values = self.position(encoded) if self.position is not None else encoded
+            memory["values"] = values
+            memory["keys"] = self.attention.precompute(values)
+        elif self.uses_context:
+            memory["context"] = mean
+        return memory, mean
+
+    def _initial_state(self, mean: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """``h_0, c_0 = tanh(f_init(mean_i a_i))``; show_tell feeds the image at step -1."""
+        b = mean.shape[0]
+        L, H = self.cfg.num_layers, self.cfg.hidden_dim
+        if self.init_h is not None and self.init_c is not None:
+            h0 = torch.tanh(self.init_h(mean)).reshape(b, L, H)
+            c0 = torch.tanh(self.init_c(mean)).reshape(b, L, H)
+            return list(h0.unbind(1)), list(c0.unbind(1))
+        zeros = mean.new_zeros(b, H)
+        h, c = [zeros] * L, [zeros] * L
+        if self.image_proj is not None:
+            h, c = self._lstm(self.image_proj(mean), h, c)
+        return h, c
+
+    # ------------------------------------------------------------------ one step
+
+    def _attend(self, h_top: Tensor, memory: dict[str, Tensor | None], mode: str,
+                scorer: Any = None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """``(z_t [R,C], alpha_t [R,N], log p(s_t) [R])`` from ``h_{t-1}``; Nones where absent.
+
+        ``mode``: ``soft`` (expectation), ``sample`` or ``argmax`` (hard attention).  ``R`` may
+        be a multiple of the memory's items (beams share their item's memory).
+        """
+        if not self.uses_context:
+            return None, None, None
+        if self.attention is None:
+            return expand_groups(memory["context"], h_top.shape[0]), None, None
+        values, keys, mask = memory["values"], memory["keys"], memory["mask"]
+        assert values is not None and keys is not None
+        e = scorer(h_top) if scorer is not None else self.attention.scores(h_top, keys)
+        alpha = masked_softmax(e, mask)
+        logp = None
+        if mode == "soft":
+            z = soft_context(alpha, values)
+        else:
+            loc = sample_location(alpha) if mode == "sample" else argmax_location(alpha)
+            z = hard_context(values, loc)
+            if mode == "sample":
+                logp = location_log_prob(alpha, loc)
+        if self.gate is not None:
+            z = z * self.gate(h_top).to(z.dtype)
+        return z, alpha, logp
+
+    def _lstm(self, x: Tensor, h: list[Tensor], c: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        """The stacked LSTM on input ``x [R,in]`` (dropout between layers)."""
+        new_h: list[Tensor] = []
+        new_c: list[Tensor] = []
+        for i, cell in enumerate(self.cells):
+            hi, ci = cell(x if i == 0 else self.dropout(new_h[-1]), (h[i], c[i]))
+            new_h.append(hi)
+            new_c.append(ci)
+        return new_h, new_c
+
+    def _logits(self, words: Tensor, h: Tensor, z: Tensor | None) -> Tensor:
+        """Vocabulary logits from ``E y_{t-1} [*,E]``, ``h_t [*,H]``, ``z_t [*,C]``."""
+        if self.out_hidden is None:
+            return self.out_vocab(self.dropout(h))
+        x = h if z is None else torch.cat([h, z.to(h.dtype)], dim=-1)
+        return self.out_vocab(self.dropout(words + self.out_hidden(x)))
+
+    def _test_mode(self) -> str:
+        if not self.hard:
+            return "soft"
+        return "argmax" if self.cfg.test_mode == "argmax" else "soft"
+
+    # ------------------------------------------------------------------ inference
+
+    def init_state(self, features: Tensor, mask: Tensor | None) -> DecoderState:
+        memory, mean = self._memory(features, mask)
+        h, c = self._initial_state(mean)
+        return DecoderState({"h": torch.stack(h, 1), "c": torch.stack(c, 1)}, memory)
+
+    def step(self, prev_tokens: Tensor, state: DecoderState) -> tuple[Tensor, Tensor | None, DecoderState]:
+        """``prev_tokens [R]`` -> ``(log_probs [R,V] float32, alpha [R,N] | None, state)``.
+
+        Hard attention uses ``test_mode``; the returned ``alpha`` is always the distribution.
+        """
+        words = self.embedding(prev_tokens)
+        h, c = list(state.rows["h"].unbind(1)), list(state.rows["c"].unbind(1))
+        z, alpha, _ = self._attend(h[-1], state.memory, self._test_mode())
+        h, c = self._lstm(words if z is None else torch.cat([words, z.to(words.dtype)], -1), h, c)
+        log_probs = torch.log_softmax(self._logits(words, h[-1], z).float(), dim=-1)
+        return log_probs, alpha, state.with_rows(h=torch.stack(h, 1), c=torch.stack(c, 1))
+
+    # ------------------------------------------------------------------ training
+
+    def compute_loss(self, features: Tensor, mask: Tensor | None, tokens: Tensor,
+                     label_smoothing: float = 0.0, static: bool = False) -> dict[str, Tensor]:
+        """Teacher-forced loss of ``tokens [B,T+1]`` = ``<bos> w1..wT <eos>`` right-padded.
+
+        Returns ``loss`` (backprop this; per token, see the module docstring), ``xe`` (token
+        cross-entropy incl. <eos>, mean over real tokens), ``ds`` (regulariser per caption);
+        hard attention adds ``reinforce`` (surrogate, per token), ``entropy`` (mean attention
+        entropy per real step) and ``baseline`` (moving-average reward after this batch).
+
+        ``static=True``: every row runs every step and the loss masks what lies after each
+        <eos>, so all shapes follow from ``tokens.shape`` and nothing is read back to the host
+        (padding layout not checked): one graph for ``torch.compile``.  Not for hard attention.
+
+        Hard attention in training mode: with probability ``soft_fraction`` the batch uses the
+        soft expectation (no REINFORCE term, baseline untouched); otherwise locations are
+        sampled, and each caption's reward is its MEAN token log-likelihood ``log p(y_t | s, a)``
+        (arctic-captions' per-token cost: the advantage does not track caption length), against
+        a moving-average baseline of that reward.
+        """
+        cfg = self.cfg
+        if static and self.hard:
+            raise ConfigError("compute_loss(static=True): hard_attention decides soft/sampled batches and "
+                              "updates its REINFORCE baseline on the host; use the packed schedule")
+        inputs, targets, step_mask = teacher_forcing_targets(tokens, self.pad_id)
+        b = tokens.shape[0]
+        active: list[int] | None = None
+        if not static:
+            # Sorted longest first, the captions still running at step t are a prefix of the
+            # batch: step t works on rows [:active[t]] only, no work on padded steps.
+            lengths = check_right_padded(step_mask, self.pad_id)
+            t_max = max(int(lengths.max().item()) if lengths.numel() else 0, 1)
+            inputs, targets, step_mask = inputs[:, :t_max], targets[:, :t_max], step_mask[:, :t_max]
+            order = torch.argsort(lengths, descending=True, stable=True)
+            if not torch.equal(order, torch.arange(b, device=order.device)):
+                features, inputs, targets = features[order], inputs[order], targets[order]
+                step_mask, lengths = step_mask[order], lengths[order]
+                mask = mask[order] if mask is not None else None
+            steps = torch.arange(t_max, device=lengths.device)
+            active = (lengths.unsqueeze(0) > steps.unsqueeze(1)).sum(1).tolist()
+
+        memory, mean = self._memory(features, mask)
+        position_mask = memory["mask"]
+        h, c = self._initial_state(mean)
+        if self.hard and self.training:
+            mode = "soft" if float(torch.rand(())) < cfg.soft_fraction else "sample"
+        else:
+            mode = self._test_mode()
+
+        words = self.embedding(inputs)  # [B,T,E], all steps at once
+        fused = cfg.fused_kernels and not static
+        if fused:
+            lstm_step = kernels.FusedLSTMCells(self.cells, words, self.dropout).step
+        else:
+            def lstm_step(t: int, z: Tensor | None, h: list[Tensor], c: list[Tensor]):
+                x = words[: h[0].shape[0], t]
+                return self._lstm(x if z is None else torch.cat([x, z.to(x.dtype)], -1), h, c)
+        keys = memory["keys"]
+        scorer = None
+        if keys is not None:
+            if fused and isinstance(self.attention, AdditiveAttention):
+                scorer = kernels.additive_step_scorer(self.attention, keys)
+            else:
+                scorer = lambda h_top: self.attention.scores(h_top, keys[: h_top.shape[0]])  # noqa: E731
+
+        hs: list[Tensor] = []
+        zs: list[Tensor] = []
+        alphas: list[Tensor] = []
+        logps: list[Tensor] = []
+        for t in range(inputs.shape[1]):
+            if active is not None and active[t] < h[0].shape[0]:  # captions that ended drop out
+                r = active[t]
+                h, c = [x[:r] for x in h], [x[:r] for x in c]
+                memory = {k: (None if v is None else v[:r]) for k, v in memory.items()}
+            z, alpha, logp = self._attend(h[-1], memory, mode, scorer)
+            h, c = lstm_step(t, z, h, c)
+            hs.append(h[-1])
+            zs += [z] if z is not None else []
+            alphas += [alpha] if alpha is not None else []
+            logps += [logp] if logp is not None else []
+
+        if active is not None:  # real tokens only, time-major (the order the loop made them)
+            real_tb = step_mask.t()  # [T,B]
+            h_all, z_all = torch.cat(hs, 0), (torch.cat(zs, 0) if zs else None)
+            logits = self._logits(words.transpose(0, 1)[real_tb], h_all, z_all)  # [M,V]
+            tgt = targets.t()[real_tb]
+            n_tok: Tensor | int = max(tgt.numel(), 1)
+            alpha_all = _pad_rows_and_stack(alphas, b) if alphas else None  # zeros after <eos>
+        else:
+            z_all = torch.stack(zs, 1) if zs else None
+            logits = self._logits(words, torch.stack(hs, 1), z_all).flatten(0, 1)  # [B*T,V]
+            tgt = targets.flatten()
+            n_tok = step_mask.sum().clamp_min(1)
+            alpha_all = torch.stack(alphas, 1) if alphas else None
+        ignore = self.pad_id if active is None else -100
+        nll_sum = token_cross_entropy(logits, tgt, label_smoothing, ignore_index=ignore)
+        total = nll_sum
+        out: dict[str, Tensor] = {"xe": nll_sum / n_tok}
+        if alpha_all is not None:
+            penalty = doubly_stochastic_penalty(alpha_all, step_mask, position_mask)  # [B]
+            out["ds"] = penalty.mean()
+            total = total + cfg.doubly_stochastic * penalty.sum()
+        else:
+            out["ds"] = nll_sum.new_zeros(())
+        loss = total / n_tok
+        if self.hard:
+            assert alpha_all is not None and isinstance(n_tok, int)
+            entropy = (attention_entropy(alpha_all) * step_mask.to(alpha_all.dtype)).sum() / n_tok
+            reinforce = nll_sum.new_zeros(())
+            if logps:
+                reinforce = self._reinforce(logits, tgt, real_tb, lengths, _pad_rows_and_stack(logps, b), n_tok)
+            loss = loss + cfg.reinforce_weight * reinforce - cfg.entropy_weight * entropy
+            out["reinforce"] = reinforce
+            out["entropy"] = entropy.detach()
+            out["baseline"] = self.reinforce_baseline.detach().clone().float()
+        out["loss"] = loss
+        return out
+
+    def _reinforce(self, logits: Tensor, tgt: Tensor, real_tb: Tensor, lengths: Tensor, logp: Tensor,
+                   n_tok: int) -> Tensor:
+        """REINFORCE surrogate of the sampled locations ``logp [B,T]`` (zeros after <eos>).
+
+        Reward of caption b: its mean token log-likelihood (detached); baseline: the moving
+        average of the batch mean reward (bias-corrected start: the first batch's mean).
+        """
+        with torch.no_grad():
+            nll = F.cross_entropy(logits.float(), tgt, reduction="none")  # [M], time-major
+            nll_tb = torch.zeros(real_tb.shape, dtype=nll.dtype, device=nll.device)
+            nll_tb[real_tb] = nll
+            reward = -nll_tb.sum(0) / lengths.clamp_min(1).to(nll.dtype)  # [B]
+            first = int(self.reinforce_updates) == 0
+            baseline = reward.mean() if first else self.reinforce_baseline.float()
+        surrogate = reinforce_surrogate(logp.sum(1), reward, baseline, n_tok)
+        with torch.no_grad():
+            self.reinforce_baseline.copy_(update_baseline(baseline, reward, self.cfg.baseline_decay))
+            self.reinforce_updates += 1
+        return surrogate
