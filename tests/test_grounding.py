@@ -1,4 +1,5 @@
-"""Attention grounding: hand-computed overlaps, mass, pointing, chance levels and word matching."""
+"""Attention grounding: hand-computed overlaps, mass, pointing, chance levels, word matching (in context)
+and word classes read from the grounding file."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from captioning.evaluation.grounding import (
     cell_box_overlap,
     evaluate_grounding,
     frames_in_span,
+    owners_in_context,
     pointing_hit,
     video_mass_in_span,
     video_pointing_hit,
+    word_classes_of,
 )
 
 GRID = (2, 2)
@@ -127,37 +130,53 @@ def test_video_mass_and_pointing_ignore_padded_frames():
 # ----------------------------------------------------------------------------- aggregation
 
 
+IMAGE_CLASSES = {"colour": ["red", "blue", "green"], "shape": ["circle", "square", "star"], "size": ["small", "large"]}
+VIDEO_CLASSES = {"colour": ["red", "blue", "green"], "shape": ["circle", "square"],
+                 "verb": ["appears", "disappears", "turns"]}
+
+
 def _image_grounding() -> dict:
-    return {"kind": "image", "items": {"7": {"size": [4, 4], "objects": [
-        {"box": [0, 0, 2, 2], "words": ["small", "red", "circle", "circles"]},
-        {"box": [2, 2, 4, 4], "words": ["large", "blue", "square", "squares"]},
-        {"box": [2, 0, 4, 2], "words": ["small", "red", "star", "stars"]},
+    return {"kind": "image", "word_classes": IMAGE_CLASSES, "items": {"7": {"size": [4, 4], "objects": [
+        {"box": [0, 0, 2, 2], "words": ["small", "red", "circle"]},
+        {"box": [2, 2, 4, 4], "words": ["large", "blue", "square"]},
+        {"box": [2, 0, 4, 2], "words": ["small", "red", "star"]},
     ]}}}
+
+
+def test_owners_in_context_resolves_shared_words():
+    # objects: 0 red circle, 1 red square, 2 blue square; "red" and "square" each name two
+    words = [{"red", "circle"}, {"red", "square"}, {"blue", "square"}]
+    tokens = ["a", "red", "square", "and", "a", "blue", "square", "and", "red"]
+    owners = [{i for i, w in enumerate(words) if t in w} for t in tokens]
+    # the last "red" has no class word next to it: it stays ambiguous
+    assert owners_in_context(tokens, owners) == [set(), {1}, {1}, set(), set(), {2}, {2}, set(), {0, 1}]
 
 
 def test_evaluate_grounding_image_hand_computed():
     tokens = ["a", "small", "red", "circle", "and", "a", "blue", "square", "green"]
     att = np.full((len(tokens) + 1, 4), 0.25)  # one extra row (<eos>) is allowed
+    att[2] = [0, 1, 0, 0]  # red: "red circle" -> the circle (cell 0), but it looks at the red star (cell 1)
     att[3] = [1, 0, 0, 0]  # circle: on its object
     # blue (row 6): uniform -> mass 0.25, argmax = cell 0 (first on ties) -> miss
     att[7] = [0, 0, 0, 1]  # square: on its object
     preds = {7: (tokens, att), 99: (["red"], np.full((1, 4), 0.25))}  # 99 is not in the file
     g = evaluate_grounding(preds, _image_grounding(), kind="image", grid=(2, 2),
                            geometry={"size": 4, "resize": 4, "crop": "center"})
-    assert g["words_evaluated"] == 3  # circle, blue, square
-    assert g["words_ambiguous"] == 2  # small, red: two objects each
+    assert g["words_evaluated"] == 4  # red (by its neighbour "circle"), circle, blue, square
+    assert g["words_ambiguous"] == 1  # small: the circle and the star, and so is its neighbour "red"
     assert g["words_not_in_item"] == 1  # green
     assert g["items"] == 1 and g["items_missing"] == 1
-    assert g["attention_in_object"] == pytest.approx((1 + 0.25 + 1) / 3)
-    assert g["pointing_accuracy"] == pytest.approx(2 / 3)
+    assert g["attention_in_object"] == pytest.approx((0 + 1 + 0.25 + 1) / 4)
+    assert g["pointing_accuracy"] == pytest.approx(2 / 4)
     assert g["chance_attention_in_object"] == pytest.approx(0.25)
     assert g["chance_pointing_accuracy"] == pytest.approx(0.25)
     shape, colour, size = g["by_class"]["shape"], g["by_class"]["colour"], g["by_class"]["size"]
     assert shape["words_evaluated"] == 2 and shape["attention_in_object"] == pytest.approx(1.0)
-    assert colour["words_evaluated"] == 1 and colour["pointing_accuracy"] == 0.0
-    assert colour["words_ambiguous"] == 1 and colour["words_not_in_item"] == 1
+    assert colour["words_evaluated"] == 2 and colour["pointing_accuracy"] == 0.0
+    assert colour["attention_in_object"] == pytest.approx(0.125)
+    assert colour["words_ambiguous"] == 0 and colour["words_not_in_item"] == 1
     assert size["words_evaluated"] == 0 and size["words_ambiguous"] == 1 and size["attention_in_object"] is None
-    assert g["by_word"]["circle"]["words_evaluated"] == 1
+    assert g["by_word"]["circle"]["words_evaluated"] == 1 and g["by_word"]["red"]["words_evaluated"] == 1
     assert "a" not in g["by_word"]
 
 
@@ -172,8 +191,46 @@ def test_evaluate_grounding_custom_word_classes_and_empty():
     assert empty["words_evaluated"] == 0 and empty["attention_in_object"] is None
 
 
+def test_word_classes_come_from_the_grounding_file():
+    tokens = ["red", "circle", "blue"]
+    att = np.eye(4)[[0, 0, 3]]
+    only_shapes = {**_image_grounding(), "word_classes": {"shape": ["circle"]}}
+    g = evaluate_grounding({"7": (tokens, att)}, only_shapes, kind="image", grid=(2, 2))
+    assert g["words_evaluated"] == 1 and set(g["by_class"]) == {"shape"}
+    assert word_classes_of(_image_grounding()) == IMAGE_CLASSES
+    old = {k: v for k, v in _image_grounding().items() if k != "word_classes"}
+    with pytest.raises(DataError, match="word_classes.*regenerate"):
+        evaluate_grounding({"7": (tokens, att)}, old, kind="image", grid=(2, 2))
+
+
+def test_grounding_on_generated_images_with_shared_colours():
+    """On real generated layouts (colours and shapes shared across objects), attention on each
+    named object's cell scores pointing 1; the colour/shape words are resolved by their neighbours."""
+    from captioning.data.synthetic.shapes import WORD_CLASSES, render_image
+
+    items, preds = {}, {}
+    for i in range(6):
+        _, objects, captions = render_image(i, seed=1)
+        items[str(i)] = {"size": [224, 224], "objects": objects}
+        tokens = captions[0].replace(",", " ").replace(":", " ").split()
+        att = np.full((len(tokens), 49), 1e-3)
+        by_pair = {(o["colour"], o["shape"]): o for o in objects}
+        for t in range(len(tokens) - 1):  # "colour shape": both words look at the object's centre cell
+            o = by_pair.get((tokens[t], tokens[t + 1]))
+            if o is not None:
+                cx, cy = o["center"]
+                att[t:t + 2, int(cy // 32) * 7 + int(cx // 32)] = 1.0
+        preds[str(i)] = (tokens, att)
+    g = evaluate_grounding(preds, {"kind": "image", "word_classes": WORD_CLASSES, "items": items},
+                           kind="image", grid=(7, 7))
+    named = sum(2 * len(items[k]["objects"]) for k in items)
+    assert g["words_evaluated"] == named and g["words_ambiguous"] == 0
+    assert g["pointing_accuracy"] == 1.0
+    assert 0.03 < g["chance_pointing_accuracy"] < 0.08
+
+
 def test_evaluate_grounding_unobservable_when_cropped_away():
-    grounding = {"kind": "image", "items": {"1": {"size": [8, 4], "objects": [
+    grounding = {"kind": "image", "word_classes": IMAGE_CLASSES, "items": {"1": {"size": [8, 4], "objects": [
         {"box": [0, 0, 2, 4], "words": ["red", "circle"]}]}}}
     g = evaluate_grounding({1: (["red"], np.full((1, 4), 0.25))}, grounding, kind="image", grid=(2, 2),
                            geometry=Geometry(size=4))
@@ -181,7 +238,7 @@ def test_evaluate_grounding_unobservable_when_cropped_away():
 
 
 def _video_grounding() -> dict:
-    return {"kind": "video", "items": {"3": {"num_frames": 30, "events": [
+    return {"kind": "video", "word_classes": VIDEO_CLASSES, "items": {"3": {"num_frames": 30, "events": [
         {"span": [0, 10], "words": ["red", "circle", "appears"]},
         {"span": [15, 25], "words": ["blue", "square", "turns", "green"]},
     ]}}}

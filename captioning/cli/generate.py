@@ -29,7 +29,7 @@ class GenerateConfig:
     num_items: int | None = None  # images or videos (None: the generator's default)
     seed: int = 0
     image_size: int = 224  # shapes: square image side
-    frames: int = 48  # moving_shapes: frames per video
+    frames: int = 32  # moving_shapes: frames per video (a multiple of 16)
     video_size: int = 96  # moving_shapes: square frame side (even)
     force: bool = False  # regenerate even when the stamp matches
 

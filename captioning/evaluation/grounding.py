@@ -2,8 +2,10 @@
 
 The synthetic generators store where each word's object is (``grounding.json``, see
 docs/CONTRACTS.md): a pixel box per object (images) or a frame span per event (videos), each with
-the ``words`` that refer to it.  For every emitted word that names exactly one object/event of its
-item we measure, on the attention row ``alpha`` [N] of that word:
+the ``words`` that refer to it, and the words to score (top-level ``word_classes``).  For every
+emitted class word that names exactly one object/event of its item (after resolving words that
+name several by their neighbours, :func:`owners_in_context`) we measure, on the attention row
+``alpha`` [N] of that word:
 
 - attention-in-object: the attention mass inside the object (image: sum over cells of
   ``alpha * fraction of the cell inside the box``; video: sum over the sampled frames whose source
@@ -32,10 +34,6 @@ from typing import Any
 import numpy as np
 
 from captioning.errors import ConfigError, DataError
-
-VIDEO_VERBS: tuple[str, ...] = ("appears", "disappears", "turns", "grows", "shrinks")
-SIZES: tuple[str, ...] = ("small", "large")
-
 
 # ------------------------------------------------------------------------------------ geometry
 
@@ -225,18 +223,37 @@ def video_pointing_hit(alpha: np.ndarray, frame_indices: Sequence[int], span: Se
 # ------------------------------------------------------------------------------- word classes
 
 
-def default_word_classes(kind: str) -> dict[str, list[str]]:
-    """Word classes of the synthetic data: colour, shape (+plurals), size (images) / verb (videos)."""
-    from captioning.data.synthetic.common import COLOURS, PLURALS, SHAPES
+def word_classes_of(grounding: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The words to score, by class, from a grounding file's top-level ``word_classes``.
 
-    classes = {"colour": list(COLOURS), "shape": list(SHAPES) + [PLURALS[s] for s in SHAPES]}
-    if kind == "image":
-        classes["size"] = list(SIZES)
-    elif kind == "video":
-        classes["verb"] = list(VIDEO_VERBS)
-    else:
-        raise ConfigError(f"grounding kind={kind!r} is not valid: use image | video")
-    return classes
+    The generator that wrote the file lists them (e.g. ``{"colour": [...], "shape": [...],
+    "verb": [...]}``), so this module does not depend on any generator's vocabulary.
+    """
+    classes = grounding.get("word_classes")
+    if not isinstance(classes, Mapping) or not classes:
+        raise DataError("grounding file has no top-level 'word_classes' (class -> words to score): it was "
+                        "written by an older generator; regenerate it (captioning-generate dataset=<name> "
+                        "force=true) or pass word_classes explicitly")
+    return {str(c): [str(w) for w in ws] for c, ws in classes.items()}
+
+
+def owners_in_context(tokens: Sequence[str], owners: Sequence[set[int]]) -> list[set[int]]:
+    """Resolve words that name several objects by the words next to them.
+
+    ``owners[t]``: the objects whose ``words`` contain token t.  When token t names several
+    objects, it is narrowed to those also named by its left and then its right neighbour (when
+    the neighbour names any of them): in "a red square" with a red circle, a red square and a
+    blue square in the image, "red" -> {red circle, red square} & {red square, blue square} =
+    {red square}, and "square" likewise.  Words naming one object, or none, are left alone.
+    """
+    out = []
+    for t, own in enumerate(owners):
+        own = set(own)
+        for n in (t - 1, t + 1):
+            if len(own) > 1 and 0 <= n < len(tokens) and own & owners[n]:
+                own &= owners[n]
+        out.append(own)
+    return out
 
 
 # ---------------------------------------------------------------------------------- aggregate
@@ -333,8 +350,8 @@ def evaluate_grounding(
     frame indices of the sampled frames (videos).  ``valid``: key -> number of real positions N_valid
     as the FeatureStore counts them (padded video frames are ignored; default: all).
     ``geometry``: image preprocessing (:class:`Geometry` or a preprocessing dict; None: identity).
-    ``word_classes``: class -> words to evaluate (default :func:`default_word_classes`; then words
-    of an object that are in no class are evaluated under "other").
+    ``word_classes``: class -> words to evaluate (default: the file's top-level ``word_classes``,
+    :func:`word_classes_of`; a clear error when it has none).
 
     Returns ``attention_in_object``, ``pointing_accuracy``, their ``chance_*`` levels (None when
     no word was evaluated), the word counts, ``items``, ``items_missing`` and ``by_class`` /
@@ -353,8 +370,7 @@ def evaluate_grounding(
     if kind == "video" and frame_indices is None:
         raise ConfigError("video grounding needs frame_indices (the sampled source frames per video)")
     geom = _as_geometry(geometry)
-    fallback = word_classes is None
-    classes = {c: list(ws) for c, ws in (word_classes or default_word_classes(kind)).items()}
+    classes = {c: list(ws) for c, ws in (word_classes or word_classes_of(grounding)).items()}
     word_class: dict[str, str] = {}
     for c, ws in classes.items():
         for w in ws:
@@ -377,13 +393,13 @@ def evaluate_grounding(
             regions = _image_regions(entry, objects, grid, geom, alpha.shape[1], nvalid.get(key), key)
         else:
             regions = _video_regions(objects, fidx.get(key), alpha.shape[1], nvalid.get(key), grid, key)
+        named = owners_in_context(tokens, [{i for i, o in enumerate(objects) if w in o.get("words", ())}
+                                           for w in tokens])
         for t, word in enumerate(tokens):
-            owners = [i for i, o in enumerate(objects) if word in o.get("words", ())]
             cls = word_class.get(word)
             if cls is None:
-                if not (fallback and owners):
-                    continue
-                cls = "other"
+                continue
+            owners = sorted(named[t])
             tallies = result.tally(word, cls)
             if not owners:
                 for tl in tallies:

@@ -324,6 +324,7 @@ def write_report(
     grounding: Mapping[str, Any] | None,
     meta: Mapping[str, Any] | None,
     *,
+    structure: Mapping[str, Any] | None = None,
     title: str = "Evaluation report",
     plot: bool = True,
 ) -> Path:
@@ -346,6 +347,7 @@ def write_report(
         "by_length": models if len(models) > 1 else next(iter(models.values()), []),
         "vocabulary": dict(vocab_usage) if vocab_usage is not None else None,
         "grounding": dict(grounding) if grounding is not None else None,
+        "structure": dict(structure) if structure is not None else None,
         "plot": plot_file,
     })
     atomic_write_json(out / "report.json", report)
@@ -372,6 +374,10 @@ def write_report(
         top = vocab.get("top_words") or []
         if top:
             md += ["Top words: " + ", ".join(f"{w} ({c})" for w, c in top), ""]
+    if report["structure"]:
+        md += ["## Structured accuracy (binding / order, with chance)", ""]
+        md += _table(["measure", "value"], [[k, v] for k, v in report["structure"].items()
+                                             if not isinstance(v, (dict, list))])
     if report["grounding"]:
         md += ["## Attention grounding", ""]
         md += _grounding_md(report["grounding"])

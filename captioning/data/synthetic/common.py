@@ -1,31 +1,25 @@
-"""Shared pieces of the synthetic generators: palette, shape rasterisation, textured
-backgrounds, split sizes, and ``ensure_generated`` (skip / temp folder / stamp logic).
+"""Primitives shared by the synthetic generators: palette, shape rasterisation, textured
+backgrounds, noise, split sizes, caption statistics and a deterministic parallel map.
 
 All randomness comes from ``numpy.random.Generator`` objects seeded per item, so an item's
 pixels depend only on (seed, item index), never on the order items are generated in.
+The dataset table and ``ensure_generated`` live in :mod:`captioning.data.synthetic.datasets`
+(which imports the generators; the generators import only this module).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import re
-import shutil
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from captioning.errors import ConfigError
-from captioning.utils.io import atomic_write_json, read_json
-
-log = logging.getLogger(__name__)
 
 # Saturated colours that stay far (> ~110 in RGB distance) from the grey backgrounds and
 # (> 2 * COLOUR_TOLERANCE) from each other, so "which colour is this pixel" is unambiguous (tests rely on it).
@@ -39,18 +33,9 @@ PALETTE: dict[str, tuple[int, int, int]] = {
 }
 COLOURS: tuple[str, ...] = tuple(PALETTE)
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
-PLURALS: dict[str, str] = {
-    "circle": "circles",
-    "square": "squares",
-    "triangle": "triangles",
-    "star": "stars",
-    "cross": "crosses",
-}
-NUMBERS: dict[int, str] = {1: "one", 2: "two", 3: "three", 4: "four"}
 
 # a pixel "has colour c" when it is within this RGB distance of PALETTE[c]
 COLOUR_TOLERANCE = 70.0
-STAMP = "generated.json"
 
 
 def item_rng(seed: int, index: int, stream: int = 0) -> np.random.Generator:
@@ -59,7 +44,12 @@ def item_rng(seed: int, index: int, stream: int = 0) -> np.random.Generator:
 
 
 def shape_polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
-    """Vertices of a polygonal shape of 'radius' ``r`` (half its extent) centred at (cx, cy)."""
+    """Vertices of a polygonal shape of 'radius' ``r`` centred at (cx, cy), rotated by ``angle``.
+
+    Unrotated, every shape fits in the square ``[cx - r, cx + r] x [cy - r, cy + r]`` and its
+    bounding box is (about) centred on (cx, cy): the triangle is shifted down by r/4 so that its
+    box spans y in [cy - 0.75 r, cy + 0.75 r] (a star's spans [cy - r, cy + 0.81 r]).
+    """
 
     def rot(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
         c, s = math.cos(angle), math.sin(angle)
@@ -69,7 +59,8 @@ def shape_polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> li
         h = r * 0.82
         return rot([(-h, -h), (h, -h), (h, h), (-h, h)])
     if kind == "triangle":
-        return rot([(r * math.cos(a), r * math.sin(a)) for a in (-math.pi / 2, math.pi / 6, 5 * math.pi / 6)])
+        return rot([(r * math.cos(a), r * math.sin(a) + 0.25 * r)
+                    for a in (-math.pi / 2, math.pi / 6, 5 * math.pi / 6)])
     if kind == "star":
         pts = []
         for i in range(10):
@@ -168,13 +159,18 @@ def caption_tokens(caption: str) -> list[str]:
 
 
 def caption_stats(captions: Sequence[str]) -> dict[str, Any]:
+    """Vocabulary and caption lengths (in tokens, with a histogram) of a list of captions."""
     lengths = [len(caption_tokens(c)) for c in captions]
     vocab = sorted({t for c in captions for t in caption_tokens(c)})
+    histogram: dict[str, int] = {}
+    for n in sorted(lengths):
+        histogram[str(n)] = histogram.get(str(n), 0) + 1
     return {
         "vocab_size": len(vocab),
         "vocabulary": vocab,
         "max_tokens": max(lengths, default=0),
         "mean_tokens": round(float(np.mean(lengths)) if lengths else 0.0, 3),
+        "length_histogram": histogram,
     }
 
 
@@ -189,138 +185,3 @@ def parallel_map(fn: Callable[[Any], Any], tasks: Sequence[Any], workers: int | 
         return [fn(t) for t in tasks]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(fn, tasks, chunksize=max(1, min(32, len(tasks) // (4 * workers)))))
-
-
-@dataclass(frozen=True)
-class _Dataset:
-    default_items: int
-    media_dir: str
-
-
-DATASETS: dict[str, _Dataset] = {
-    "shapes": _Dataset(default_items=3000, media_dir="images"),
-    "moving_shapes": _Dataset(default_items=1200, media_dir="videos"),
-}
-GENERATOR_VERSION = 1
-
-
-def generation_params(
-    dataset: str,
-    num_items: int | None = None,
-    seed: int = 0,
-    image_size: int = 224,
-    frames: int = 48,
-    video_size: int = 96,
-) -> dict[str, Any]:
-    """The parameters that determine a generated dataset (what the stamp records)."""
-    if dataset not in DATASETS:
-        raise ConfigError(f"unknown synthetic dataset {dataset!r}: use one of {sorted(DATASETS)}")
-    n = DATASETS[dataset].default_items if num_items is None else int(num_items)
-    if n < 1:
-        raise ConfigError(f"num_items must be >= 1 for dataset={dataset}, got {n}")
-    params: dict[str, Any] = {"dataset": dataset, "version": GENERATOR_VERSION, "num_items": n, "seed": int(seed)}
-    if dataset == "shapes":
-        if image_size < 32:
-            raise ConfigError(f"image_size must be >= 32 for dataset=shapes, got {image_size}")
-        params["image_size"] = int(image_size)
-    else:
-        if frames < 8:
-            raise ConfigError(f"frames must be >= 8 for dataset=moving_shapes, got {frames}")
-        if video_size < 32 or video_size % 2:
-            raise ConfigError(f"video_size must be an even number >= 32 for dataset=moving_shapes, got {video_size}")
-        params["frames"] = int(frames)
-        params["video_size"] = int(video_size)
-    return params
-
-
-def read_stamp(root: str | Path) -> dict[str, Any] | None:
-    """The stamp of a finished generation under ``root``, or None (missing or unreadable)."""
-    path = Path(root) / STAMP
-    if not path.is_file():
-        return None
-    try:
-        stamp = read_json(path, "generation stamp")
-    except Exception:  # a corrupt stamp means "not finished"
-        return None
-    return stamp if isinstance(stamp, dict) else None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove_stale_temps(root: Path) -> None:
-    """Delete temp folders of interrupted generations of ``root`` whose process is gone."""
-    if not root.parent.is_dir():
-        return
-    for p in root.parent.glob(f".{root.name}.tmp-*"):
-        m = re.fullmatch(rf"\.{re.escape(root.name)}\.tmp-(\d+)", p.name)
-        if m and p.is_dir() and not _pid_alive(int(m.group(1))):
-            log.info("removing leftover temp folder %s", p)
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def ensure_generated(
-    dataset: str,
-    root: str | Path | None = None,
-    *,
-    num_items: int | None = None,
-    seed: int = 0,
-    image_size: int = 224,
-    frames: int = 48,
-    video_size: int = 96,
-    force: bool = False,
-) -> dict[str, Any]:
-    """Generate a synthetic dataset into ``root`` unless it is already there with the same parameters.
-
-    The data are written into a temp folder next to ``root`` and moved in when complete; the
-    stamp ``root/generated.json`` (parameters + summary) is written last, atomically, so an
-    interrupted generation never looks finished.  Other content of ``root`` (e.g. extracted
-    ``features/``) is left alone.  Returns ``{"generated": bool, "root", "params", "summary",
-    "seconds"}``.
-    """
-    from captioning.data.synthetic.moving_shapes import generate_moving_shapes
-    from captioning.data.synthetic.shapes import generate_shapes
-
-    params = generation_params(dataset, num_items, seed, image_size, frames, video_size)
-    root = Path(root) if root is not None else Path("data") / dataset
-    stamp = read_stamp(root)
-    if stamp is not None and stamp.get("params") == params and not force:
-        log.info("%s already generated in %s with the same parameters: skipping (force=true regenerates)", dataset, root)
-        return {"generated": False, "root": str(root), "params": params, "summary": stamp.get("summary"), "seconds": 0.0}
-
-    _remove_stale_temps(root)
-    tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    t0 = time.perf_counter()
-    try:
-        if dataset == "shapes":
-            summary = generate_shapes(tmp, num_images=params["num_items"], seed=params["seed"],
-                                      image_size=params["image_size"])
-        else:
-            summary = generate_moving_shapes(tmp, num_videos=params["num_items"], seed=params["seed"],
-                                             frames=params["frames"], size=params["video_size"])
-        summary = {k: v for k, v in summary.items() if k != "root"}
-        root.mkdir(parents=True, exist_ok=True)
-        (root / STAMP).unlink(missing_ok=True)  # from here on the old data no longer count as finished
-        for name in (DATASETS[dataset].media_dir, "annotations"):
-            old = root / f".{name}.old-{os.getpid()}"
-            if (root / name).exists():
-                os.replace(root / name, old)
-            os.replace(tmp / name, root / name)
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    seconds = time.perf_counter() - t0
-    if (root / "features").exists():
-        log.warning("%s was regenerated: features under %s/features were extracted from the old data; "
-                    "re-extract them", dataset, root)
-    atomic_write_json(root / STAMP, {"params": params, "summary": summary})
-    return {"generated": True, "root": str(root), "params": params, "summary": summary, "seconds": seconds}

@@ -1,33 +1,41 @@
-"""Synthetic video captioning data: shapes that appear, disappear, change colour, grow or shrink,
-one event after another, so the caption depends on the ORDER of the events.
+"""Synthetic video captioning data where only the ORDER of two brief events tells the captions apart.
 
-    "a red circle appears and then a blue square turns green"
-    "first a blue square turns green, then a red circle appears"   (the reverse order)
-    "a white star shrinks after a yellow cross disappears"
+    "a red circle appears and then the blue square turns green"
+    "first the blue square turns green, then a red circle appears"   (its pair: the reverse order)
+    "the white star grows after the yellow cross disappears"
 
 Design choices (documented for the experiments that use this data):
 
-* Per-frame features are globally pooled CNN vectors (no spatial position), so every event is
-  visible in *what* is on screen, not *where*: appear / disappear / turns <colour> /
-  grows / shrinks.  Objects do not move ("moves left" would be invisible to pooled features);
-  each object stays in its own quadrant of the frame.
-* Videos come in pairs (2k, 2k+1) with the same objects and the same events in reversed
-  order, so every set of events occurs equally often in both orders.  Event types come in
-  inverse pairs with equal probability (appear/disappear, grow/shrink, colour a->b / b->a) and
-  event times are symmetric about the middle of the video, so the data distribution is
-  invariant under time reversal: mean pooling over frames cannot tell "X appears, then Y
-  disappears" from its time reversal "Y appears, then X disappears" at all.
-* Event k happens at frame ``t_k`` (first frame of the new state), near (k + 1) F / (n + 1)
-  with a random jitter.  Its grounding span is ``[t_k - h, t_k + h)``: the last frames of
-  the old state and the first frames of the new state.  Spans of different events never
-  overlap.  Other objects (0-1 distractors) never change and are not mentioned.
+* Brief events, visible in globally pooled per-frame features (no position needed): an object
+  *appears* for a moment and is gone again, a present object *disappears* for a moment, *turns*
+  another colour for a moment, *grows* or *shrinks* for a moment; each then returns to its
+  neutral state.  Objects never move; each sits in its own quadrant.  0-1 distractors never
+  change and are not mentioned.
+* Exact time-reversal pairs.  Videos 2k and 2k+1 share the background, the objects, the event
+  durations and the gaps, with the events in opposite order.  Every frame is a deterministic
+  function of the scene state (which event, if any, is visible) and of how many frames of that
+  state came before it (its noise is seeded by (seed, pair, state, occurrence), not by time), so
+  the two videos of a pair are frame permutations of each other before encoding.  Mean pooling
+  over frames therefore sees the same multiset in both orders and is at chance on the order.
+* Timing in 16 units of ``u = frames // 16`` frames (the remainder, if any, is added at the
+  end): an event lasts 3 or 4 units (2 events) / 3 units (3 events), events are separated by >= 2
+  neutral units and the video starts and ends with >= 1 neutral unit.  Every boundary falls on
+  a multiple of ``u``, so with ``encoder.frames=16`` uniform sampling (one frame per unit when
+  ``frames`` is a multiple of 16) every event is visible in exactly 3 or 4 sampled frames, and
+  the two videos of a pair give the same multiset of sampled frames too.
+* Default: 32 frames (u = 2) at 12 fps, 96 x 96 px.
+* Grounding span of an event = exactly the frames in which it is visible, ``[f0, f1)``.
+
+Captions name the events in time order with several phrasings; "B after A" and "after A, B"
+express the order with "after" (the top-level ``reverse_order_words`` of grounding.json).
 
 Layout under ``root`` (see docs/CONTRACTS.md): ``videos/video<N>.mp4`` (H.264, yuv420p,
 exactly ``frames`` frames, no B-frames, single-threaded x264: the same bytes in a fresh
 process; in a long-lived process a few P-frames have been seen to encode differently, within
 a few levels of the same pixels),
 ``annotations/videodatainfo.json`` (MSR-VTT: train/validate/test) and
-``annotations/grounding.json``.
+``annotations/grounding.json`` (per event: span, words, type, shape, colours, time rank, box;
+top-level ``word_classes`` and ``reverse_order_words``).
 """
 
 from __future__ import annotations
@@ -58,19 +66,24 @@ from captioning.errors import ConfigError
 from captioning.utils.io import atomic_write_json
 
 DEFAULT_NUM_VIDEOS = 1200
+DEFAULT_FRAMES = 32
 CAPTIONS_PER_VIDEO = 5
-EVENT_TYPES = ("appear", "disappear", "change", "grow", "shrink")
-INVERSE = {"appear": "disappear", "disappear": "appear", "change": "change", "grow": "shrink", "shrink": "grow"}
+UNITS = 16  # time units per video (one sampled frame each with encoder.frames=16)
+EVENT_UNITS = {2: (3, 4), 3: (3,)}  # event durations by number of events
+EVENT_TYPES = ("appear", "disappear", "turn", "grow", "shrink")
+VERBS = {"appear": "appears", "disappear": "disappears", "turn": "turns", "grow": "grows", "shrink": "shrinks"}
+REVERSE_ORDER_WORDS = ("after",)
+WORD_CLASSES = {"colour": list(COLOURS), "shape": list(SHAPES), "verb": list(VERBS.values())}
 DISTRACTOR_PROB = 0.5
 MSRVTT_SPLITS = ("train", "validate", "test")
 
 _TEMPLATES: dict[int, tuple[str, ...]] = {
-    1: ("{0}", "in this video {0}", "{0} in the video", "we see that {0}", "the video shows that {0}"),
     2: (
         "{0} and then {1}",
         "first {0}, then {1}",
-        "{1} after {0}",
         "{0} before {1}",
+        "{1} after {0}",
+        "after {0}, {1}",
         "{0}, and afterwards {1}",
     ),
     3: (
@@ -83,151 +96,176 @@ _TEMPLATES: dict[int, tuple[str, ...]] = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class VideoObject:
+    """An object and its (optional) brief event: its look in the neutral and in the event state."""
+
     shape: str
-    colours: tuple[str, str]  # before / after its event (equal when it does not change colour)
-    radii: tuple[float, float]  # before / after
-    visible: tuple[bool, bool]  # before / after
+    colour: str
+    radius: float
     cx: float
     cy: float
     angle: float
     event: str | None = None  # None: a distractor that never changes
-    frame: int = 0  # first frame of the "after" state
+    units: int = 0  # event duration in time units
+    new_colour: str | None = None  # "turn": the colour during the event
+    event_radius: float | None = None  # "grow" / "shrink": the radius during the event
 
-    def state(self, f: int) -> tuple[str, float, bool]:
-        k = 1 if (self.event is not None and f >= self.frame) else 0
-        return self.colours[k], self.radii[k], self.visible[k]
+    def look(self, active: bool) -> tuple[str, float] | None:
+        """(colour, radius) in the event state (``active``) or the neutral state; None: invisible."""
+        if self.event == "appear":
+            return (self.colour, self.radius) if active else None
+        if self.event == "disappear" and active:
+            return None
+        if self.event == "turn" and active:
+            return self.new_colour or self.colour, self.radius
+        if self.event in ("grow", "shrink") and active:
+            return self.colour, self.event_radius or self.radius
+        return self.colour, self.radius
 
     def phrase(self) -> str:
-        c0, c1 = self.colours
-        verb = {"appear": "appears", "disappear": "disappears", "change": f"turns {c1}",
-                "grow": "grows", "shrink": "shrinks"}[self.event or "appear"]
-        return f"a {c0} {self.shape} {verb}"
+        article = "a" if self.event == "appear" else "the"
+        return f"{article} {' '.join(self.words())}"
 
     def words(self) -> list[str]:
-        return self.phrase().split()[1:]
+        """The words that name the event (the phrase without its article)."""
+        verb = VERBS[self.event or "appear"]
+        tail = [verb, self.new_colour] if self.event == "turn" else [verb]
+        return [self.colour, self.shape, *tail]
 
 
-def span_half_width(num_events: int, frames: int) -> int:
-    """Half-width h of the grounding span [t - h, t + h) around each event's transition frame t."""
-    spacing = frames / (num_events + 1)
-    return max(1, int((spacing - 2 * int(spacing / 4)) / 2))
+@dataclass(frozen=True)
+class PairPlan:
+    """What videos 2k and 2k+1 share: event objects (in video 2k's order), distractors, gaps."""
+
+    events: tuple[VideoObject, ...]
+    distractors: tuple[VideoObject, ...]
+    gaps: tuple[int, ...]  # neutral units before, between and after the events (len = events + 1)
 
 
-def event_times(num_events: int, frames: int, rng: np.random.Generator) -> list[int]:
-    """Transition frames t_k: sorted, at least 2h apart, symmetric about frames/2 in distribution."""
-    spacing = frames / (num_events + 1)
-    jitter = int(spacing / 4)
-    return [int(round((k + 1) * spacing)) + int(rng.integers(-jitter, jitter + 1)) for k in range(num_events)]
+def sample_gaps(rng: np.random.Generator, durations: Sequence[int]) -> tuple[int, ...]:
+    """Neutral units around the events: >= 1 at the ends, >= 2 between, summing to UNITS - sum(d)."""
+    n = len(durations)
+    minimum = [1] + [2] * (n - 1) + [1]
+    spare = UNITS - sum(durations) - sum(minimum)
+    if spare < 0:
+        raise ConfigError(f"{n} events of {list(durations)} units do not fit in {UNITS} units")
+    extra = rng.multinomial(spare, [1.0 / (n + 1)] * (n + 1))
+    return tuple(int(m + e) for m, e in zip(minimum, extra, strict=True))
 
 
-def size_name(r: float, size: int) -> str:
-    return "small" if r < 0.135 * size else "large"
+# Object radii as fractions of the frame side.  Objects must be large in the frame: the frame
+# features are globally pooled CNN vectors, and a shape a few pixels wide leaves too little of its
+# colour and shape in them to name it.
+SMALL_RADIUS, LARGE_RADIUS = 0.14, 0.2
 
 
-def _object_state(rng: np.random.Generator, event: str, small: float, large: float) -> dict[str, Any]:
-    c0 = str(rng.choice(COLOURS))
-    c1 = str(rng.choice([c for c in COLOURS if c != c0])) if event == "change" else c0
-    r = small if rng.random() < 0.5 else large
-    radii = {"grow": (small, large), "shrink": (large, small)}.get(event, (r, r))
-    visible = {"appear": (False, True), "disappear": (True, False)}.get(event, (True, True))
-    return {"colours": (c0, c1), "radii": radii, "visible": visible}
-
-
-def plan_pair(seed: int, pair: int, num_events_choices: Sequence[int], size: int) -> list[dict[str, Any]]:
-    """The shared content of videos 2*pair and 2*pair+1: event objects (in forward order)."""
+def plan_pair(seed: int, pair: int, num_events_choices: Sequence[int], size: int) -> PairPlan:
+    """The shared content of videos 2*pair and 2*pair+1 (events in video 2*pair's order)."""
     rng = item_rng(seed, pair, stream=1)
     n = int(rng.choice(list(num_events_choices)))
+    durations = [int(rng.choice(EVENT_UNITS[n])) for _ in range(n)]
+    gaps = sample_gaps(rng, durations)
+    n_distractors = int(rng.random() < DISTRACTOR_PROB)
     shapes = [str(s) for s in rng.permutation(SHAPES)]
-    small, large = 0.1 * size, 0.17 * size
-    plans = []
-    for k in range(n):
-        event = str(rng.choice(EVENT_TYPES))
-        plans.append({"shape": shapes[k], "event": event, **_object_state(rng, event, small, large)})
-    return plans
-
-
-def build_video(
-    index: int, seed: int, frames: int, size: int, num_events_choices: Sequence[int] = (2,)
-) -> list[VideoObject]:
-    """All objects of video ``index`` with their event frames; event objects first, in time order."""
-    pair, reverse = divmod(index, 2)
-    plans = plan_pair(seed, pair, num_events_choices, size)
-    if reverse:
-        plans = plans[::-1]
-    rng = item_rng(seed, index, stream=2)
-    times = event_times(len(plans), frames, rng)
-    n_distractors = int(len(plans) < 4 and rng.random() < DISTRACTOR_PROB)
-    used = {p["shape"] for p in plans}
-    spare = [s for s in SHAPES if s not in used]
-    small, large = 0.1 * size, 0.17 * size
-    cells = rng.permutation(4)
-    cell = size / 2
+    quadrants = rng.permutation(4)
+    small, large = SMALL_RADIUS * size, LARGE_RADIUS * size
+    half = size / 2
     objs = []
-    for k, spec in enumerate(plans + [{"shape": spare[j], "event": None} for j in range(n_distractors)]):
-        cx0, cy0 = (cells[k] % 2) * cell, (cells[k] // 2) * cell
+    for k in range(n + n_distractors):
+        shape, q = shapes[k], int(quadrants[k])
         pad = large + 0.04 * size
-        cx = cx0 + float(rng.uniform(pad, cell - pad))
-        cy = cy0 + float(rng.uniform(pad, cell - pad))
-        angle = float(rng.uniform(-0.3, 0.3)) if spec["shape"] in ("square", "cross") else (
-            0.0 if spec["shape"] == "circle" else float(rng.uniform(-np.pi, np.pi)))
-        if spec["event"] is None:
-            colour = str(rng.choice(COLOURS))
-            r = small if rng.random() < 0.5 else large
-            objs.append(VideoObject(spec["shape"], (colour, colour), (r, r), (True, True), cx, cy, angle))
-        else:
-            objs.append(VideoObject(spec["shape"], spec["colours"], spec["radii"], spec["visible"], cx, cy,
-                                    angle, event=spec["event"], frame=times[k]))
-    return objs
+        cx = (q % 2) * half + float(rng.uniform(pad, half - pad))
+        cy = (q // 2) * half + float(rng.uniform(pad, half - pad))
+        limit = {"circle": 0.0, "square": 0.2, "cross": 0.1, "triangle": 0.15, "star": np.pi / 5}[shape]
+        angle = float(rng.uniform(-limit, limit)) if limit else 0.0
+        colour = str(rng.choice(COLOURS))
+        radius = small if rng.random() < 0.5 else large
+        if k >= n:
+            objs.append(VideoObject(shape, colour, radius, cx, cy, angle))
+            continue
+        event = str(rng.choice(EVENT_TYPES))
+        new_colour = str(rng.choice([c for c in COLOURS if c != colour])) if event == "turn" else None
+        event_radius = None
+        if event in ("grow", "shrink"):
+            radius, event_radius = (small, large) if event == "grow" else (large, small)
+        objs.append(VideoObject(shape, colour, radius, cx, cy, angle, event, durations[k], new_colour,
+                                event_radius))
+    return PairPlan(tuple(objs[:n]), tuple(objs[n:]), gaps)
+
+
+def event_spans(plan: PairPlan, frames: int, reverse: bool = False) -> list[tuple[int, int]]:
+    """Frame spans ``[f0, f1)`` of the events in time order (reversed order for video 2k+1)."""
+    u = frames // UNITS
+    events = plan.events[::-1] if reverse else plan.events
+    spans, t = [], plan.gaps[0]
+    for e, gap in zip(events, plan.gaps[1:], strict=True):
+        spans.append((t * u, (t + e.units) * u))
+        t += e.units + gap
+    return spans
 
 
 def render_video(
-    index: int, seed: int = 0, frames: int = 48, size: int = 96, num_events_choices: Sequence[int] = (2,)
-) -> tuple[np.ndarray, list[VideoObject], dict[str, Any], list[str]]:
-    """Render one video: (frames uint8 [F, H, W, 3], objects, grounding entry, 5 captions)."""
-    objs = build_video(index, seed, frames, size, num_events_choices)
-    events = [o for o in objs if o.event is not None]
-    rng = item_rng(seed, index, stream=3)
-    background = textured_background(rng, size, size)
-    jitters = [rng.uniform(-10.0, 10.0, size=3) for _ in objs]
-    cache: dict[tuple[int, ...], np.ndarray] = {}
+    index: int, seed: int = 0, frames: int = DEFAULT_FRAMES, size: int = 96, num_events_choices: Sequence[int] = (2,)
+) -> tuple[np.ndarray, dict[str, Any], list[str]]:
+    """Render one video: (frames uint8 [F, H, W, 3], grounding entry, 5 captions).
+
+    Frame f shows state s(f) (the index of the visible event, or -1 when none is) with the noise
+    of its occurrence j (the j-th frame of state s in this video): pixels = f(pair, s, j).
+    """
+    if frames < UNITS:
+        raise ConfigError(f"moving_shapes needs frames >= {UNITS}, got {frames}")
+    pair, reverse = divmod(index, 2)
+    plan = plan_pair(seed, pair, num_events_choices, size)
+    order = list(range(len(plan.events)))[::-1] if reverse else list(range(len(plan.events)))
+    events = [plan.events[k] for k in order]
+    spans = event_spans(plan, frames, bool(reverse))
+    objs = list(plan.events) + list(plan.distractors)
+    scene_rng = item_rng(seed, pair, stream=2)
+    background = textured_background(scene_rng, size, size)
+    jitters = [scene_rng.uniform(-10.0, 10.0, size=3) for _ in objs]
+
+    state = np.full(frames, -1, np.int64)  # index into plan.events, -1: neutral
+    for k, (f0, f1) in zip(order, spans, strict=True):
+        state[f0:f1] = k
+    canvases: dict[int, np.ndarray] = {}
+    seen: dict[int, int] = {}
     out = np.empty((frames, size, size, 3), np.uint8)
-    for f in range(frames):
-        key = tuple(int(e.event is not None and f >= e.frame) for e in objs)
-        if key not in cache:
+    for f, s in enumerate(state.tolist()):
+        if s not in canvases:
             canvas = background.copy()
-            for o, jit in zip(objs, jitters, strict=True):
-                colour, r, visible = o.state(f)
-                if visible:
-                    mask = shape_mask(o.shape, o.cx, o.cy, r, o.angle, size, size)
-                    canvas[mask] = np.asarray(PALETTE[colour], np.float32) + jit
-            cache[key] = canvas
-        out[f] = add_noise(rng, cache[key], sigma=3.0)
-    half = span_half_width(len(events), frames)
+            for k, (o, jit) in enumerate(zip(objs, jitters, strict=True)):
+                look = o.look(active=k == s)
+                if look is not None:
+                    colour, r = look
+                    canvas[shape_mask(o.shape, o.cx, o.cy, r, o.angle, size, size)] = (
+                        np.asarray(PALETTE[colour], np.float32) + jit)
+            canvases[s] = canvas
+        j = seen.get(s, 0)
+        seen[s] = j + 1
+        noise_rng = np.random.default_rng([int(seed), pair, 3, s + 1, j])
+        out[f] = add_noise(noise_rng, canvases[s], sigma=3.0)
+
     ground_events = []
-    for o in events:
-        r = max(o.radii)
-        box = mask_box(shape_mask(o.shape, o.cx, o.cy, r, o.angle, size, size))
+    for rank, (e, (f0, f1)) in enumerate(zip(events, spans, strict=True)):
+        r = max(e.radius, e.event_radius or 0.0)
         ground_events.append({
-            "span": [max(0, o.frame - half), min(frames, o.frame + half)],
-            "words": o.words(),
-            "frame": o.frame,
-            "type": o.event,
-            "shape": o.shape,
-            "colour": o.colours[0],
-            "colour_after": o.colours[1],
-            "size": size_name(o.radii[0], size),
-            "size_after": size_name(o.radii[1], size),
-            "box": box,
+            "span": [f0, f1],
+            "words": e.words(),
+            "type": e.event,
+            "shape": e.shape,
+            "colour": e.colour,
+            "new_colour": e.new_colour,
+            "rank": rank,
+            "box": mask_box(shape_mask(e.shape, e.cx, e.cy, r, e.angle, size, size)),
         })
-    templates = list(_TEMPLATES[len(events)])
-    phrases = [o.phrase() for o in events]
-    order = rng.permutation(len(templates))[:CAPTIONS_PER_VIDEO]
+    templates = _TEMPLATES[len(events)]
+    phrases = [e.phrase() for e in events]
+    order = item_rng(seed, index, stream=3).permutation(len(templates))[:CAPTIONS_PER_VIDEO]
     captions = [templates[i].format(*phrases) for i in order]
-    entry = {"num_frames": frames, "events": ground_events,
-             "distractors": [{"shape": o.shape, "colour": o.colours[0]} for o in objs if o.event is None]}
-    return out, objs, entry, captions
+    entry = {"num_frames": frames, "pair": pair, "reversed": bool(reverse), "events": ground_events,
+             "distractors": [{"shape": o.shape, "colour": o.colour} for o in plan.distractors]}
+    return out, entry, captions
 
 
 def encode_mp4(path: str | Path, video: np.ndarray, fps: int = 12, crf: int = 18) -> None:
@@ -250,7 +288,7 @@ def encode_mp4(path: str | Path, video: np.ndarray, fps: int = 12, crf: int = 18
 
 def _write_video(task: tuple) -> tuple[dict[str, Any], list[str]]:
     path, index, seed, frames, size, fps, num_events = task
-    video, _, entry, captions = render_video(index, seed, frames, size, num_events)
+    video, entry, captions = render_video(index, seed, frames, size, num_events)
     encode_mp4(path, video, fps=fps)
     return entry, captions
 
@@ -259,7 +297,7 @@ def generate_moving_shapes(
     root: str | Path,
     num_videos: int = DEFAULT_NUM_VIDEOS,
     seed: int = 0,
-    frames: int = 48,
+    frames: int = DEFAULT_FRAMES,
     size: int = 96,
     fps: int = 12,
     splits: Sequence[float] = (0.8, 0.1, 0.1),
@@ -268,22 +306,25 @@ def generate_moving_shapes(
 ) -> dict[str, Any]:
     """Write the moving-shapes dataset under ``root``; returns a summary.
 
-    ``num_events``: the allowed numbers of events per video (e.g. ``(2, 3)``), drawn uniformly
-    per pair of videos.  Video ``video<N>`` depends only on (seed, N), whatever ``workers``
-    (processes; None: up to 4 CPUs).
+    ``num_events``: the allowed numbers of events per video (a non-empty subset of (2, 3)),
+    drawn uniformly per pair of videos.  Video ``video<N>`` depends only on (seed, N), whatever
+    ``workers`` (processes; None: up to 4 CPUs).
     """
     root = Path(root)
     n_train, n_val, n_test = split_sizes(num_videos, splits)
-    if any(int(k) not in _TEMPLATES for k in num_events) or not num_events:
+    if not num_events or any(int(k) not in _TEMPLATES for k in num_events):
         raise ConfigError(f"num_events must be a non-empty subset of {sorted(_TEMPLATES)}, got {num_events}")
+    if frames < UNITS:
+        raise ConfigError(f"moving_shapes needs frames >= {UNITS} (a multiple of {UNITS} is best), got {frames}")
     (root / "videos").mkdir(parents=True, exist_ok=True)
     info: dict[str, Any] = {
-        "info": {"description": "synthetic moving shapes (MSR-VTT format)", "version": "1.0", "year": 2024,
+        "info": {"description": "synthetic moving shapes (MSR-VTT format)", "version": "2.0", "year": 2024,
                  "contributor": "captioning.data.synthetic", "seed": seed, "fps": fps, "frames": frames},
         "videos": [],
         "sentences": [],
     }
-    grounding: dict[str, Any] = {"kind": "video", "dataset": "moving_shapes", "items": {}}
+    grounding: dict[str, Any] = {"kind": "video", "dataset": "moving_shapes", "word_classes": WORD_CLASSES,
+                                 "reverse_order_words": list(REVERSE_ORDER_WORDS), "items": {}}
     all_captions: list[str] = []
     event_counts: dict[str, int] = {}
     sen_id = 0

@@ -1,19 +1,43 @@
-"""Synthetic image captioning data: 1-4 coloured shapes on a textured background.
+"""Synthetic image captioning data where attention matters: 2-6 coloured shapes, listed left to right.
 
-Each image gets 5 reference captions from a few phrasings that name colours, shapes, sizes,
-counts and spatial relations, e.g. "a red circle to the left of a blue square",
-"two green triangles", "there is a large yellow star above a small red circle",
-"three shapes: a white cross, a purple star and a blue circle" (listed left to right).
-The vocabulary is about 45 words and captions have at most 17 tokens.
+    "a red circle, a blue square and a red square"
+    "from left to right: a white star, a red star, a white cross and a red circle"
+    "a green triangle to the left of a green circle"
+
+Design choices (documented for the experiments that use this data):
+
+* Binding matters.  Within an image every object has a distinct (colour, shape) pair, but
+  colours and shapes are SHARED across objects in other pairings: an image with n >= 3
+  objects draws its pairs from k_c x k_s colours x shapes with 2 <= k_c, k_s <= n - 1 (and
+  every chosen colour and shape used), so some colour and some shape occur more than once
+  (a red circle, a blue square, a red square).  Two-object images draw 2 of the 4 pairs of
+  2 colours x 2 shapes (2 of the 6 choices share neither word, so the bag of words leaves
+  the binding open).  The bag of colours and the bag of shapes therefore do not fix the
+  caption: which colour goes with which shape, and in which order, has to be read off the
+  image where the objects are.
+* Order matters.  Captions list the objects left to right; object centres lie at least one
+  layout cell apart in x, so the order is unambiguous.
+* Length varies: 2-6 objects (uniform), captions of 7-23 tokens (3 tokens per object).
+* Layout grid.  Centres lie on the half-cell lattice of a 7 x 7 grid over the image, which at
+  224 px is the 7 x 7 feature grid of EfficientNet-Lite0 (32-px cells): on cell centres, cell
+  edges or cell corners, within [1, 6] cells of the top-left corner.  Objects are 1.5-1.8
+  cells wide (radius 0.75-0.9 cell), so an object's box contains the 1, 2 or 4 cell centres
+  within half a cell of its own centre: the pointing chance (share of cells whose centre is in
+  the box) is about 2.25 / 49 = 0.046.  Boxes are separated by >= 1/4 cell.
+* Vocabulary: 6 colours, 5 shapes, number words two-six and 14 function words (30 words).
 
 Layout written under ``root`` (see docs/CONTRACTS.md):
 ``images/<id:06d>.jpg`` (JPEG q95), ``annotations/captions_{train,val,test}.json`` (COCO) and
-``annotations/grounding.json`` (each object's pixel box and the words that refer to it).
-Image ids start at 1.  Everything is a deterministic function of ``seed``.
+``annotations/grounding.json``: per image each object's pixel box, colour, shape, centre and
+left-to-right rank (0 = leftmost) and the words that refer to it; top-level ``word_classes``
+(the words the grounding and structure metrics score).  Image ids start at 1.  Everything is a
+deterministic function of ``seed``; an image's layout (:func:`image_layout`) can be drawn
+without rendering it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,13 +49,10 @@ from PIL import Image
 
 from captioning.data.synthetic.common import (
     COLOURS,
-    NUMBERS,
     PALETTE,
-    PLURALS,
     SHAPES,
     add_noise,
     caption_stats,
-    caption_tokens,
     item_rng,
     mask_box,
     parallel_map,
@@ -43,189 +64,150 @@ from captioning.utils.io import atomic_write_json
 
 DEFAULT_NUM_IMAGES = 3000
 CAPTIONS_PER_IMAGE = 5
-MAX_TOKENS = 17
-COUNT_WEIGHTS = {1: 0.2, 2: 0.35, 3: 0.25, 4: 0.2}
-DUPLICATE_PROB = 0.25  # multi-object images: object 2 copies colour+shape of object 1 ("two red circles")
+GRID = 7  # layout grid: the 7x7 feature grid of a 224-px input at stride 32
+MIN_OBJECTS, MAX_OBJECTS = 2, 6
+RADIUS_CELLS = (0.75, 0.9)  # object radius, in layout cells
+GAP_CELLS = 0.25  # minimum gap between the bounding squares of two objects
+NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 SPLIT_NAMES = ("train", "val", "test")
+WORD_CLASSES = {"colour": list(COLOURS), "shape": list(SHAPES)}
 
-_SINGLE = ("{A}", "there is {A}", "{a}", "{a} on a noisy background", "an image with {A}", "a picture of {a}")
-_SAME = ("{g}", "there are {g}", "{g} on a noisy background", "an image with {g}", "a picture of {g}")
-_HORIZONTAL = (
-    "{a} to the left of {b}",
-    "{b} to the right of {a}",
-    "there is {A} to the left of {B}",
-    "{A} to the left of {B}",
-    "{a} on the left and {b} on the right",
-)
-_VERTICAL = (
-    "{a} above {b}",
-    "{b} below {a}",
-    "there is {A} above {B}",
-    "{A} above {B}",
-    "{a} at the top and {b} at the bottom",
-)
+# {L}: the objects left to right, "a red circle, a blue square and a red square"
 _LIST = (
     "{L}",
+    "from left to right: {L}",
+    "{L}, from left to right",
+    "there is {L}",
     "{N} shapes: {L}",
-    "there are {N} shapes: {L}",
-    "{L} from left to right",
-    "{L} on a noisy background",
-    "an image with {L}",
+    "an image of {L}",
+)
+_PAIR = (  # two objects, {a} left of {b}
+    "{a} to the left of {b}",
+    "{a} on the left and {b} on the right",
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class ShapeObject:
+    """One object of an image: its words and its geometry in pixels."""
+
     colour: str
     shape: str
-    size: str  # small | large
     cx: float
     cy: float
     r: float
     angle: float
 
-    def phrase(self, with_size: bool = False) -> str:
-        size = f"{self.size} " if with_size else ""
-        return f"a {size}{self.colour} {self.shape}"
+    def phrase(self) -> str:
+        return f"a {self.colour} {self.shape}"
 
 
-def _radius(size: str, rng: np.random.Generator, scale: float) -> float:
-    lo, hi = (14.0, 18.0) if size == "small" else (26.0, 32.0)
-    return float(rng.uniform(lo, hi)) * scale
+def sample_pairs(rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
+    """n distinct (colour, shape) pairs whose colours and shapes are shared across objects.
+
+    n >= 3: k_c colours x k_s shapes with 2 <= k_c, k_s <= n - 1 and k_c * k_s >= n, every
+    chosen colour and shape used at least once.  n == 2: 2 of the 4 pairs of 2 x 2.  n == 1: any.
+    """
+    if n == 1:
+        return [(str(rng.choice(COLOURS)), str(rng.choice(SHAPES)))]
+    hi = max(2, n - 1)
+    while True:
+        k_c, k_s = int(rng.integers(2, min(hi, len(COLOURS)) + 1)), int(rng.integers(2, min(hi, len(SHAPES)) + 1))
+        if k_c * k_s >= n:
+            break
+    colours = [str(c) for c in rng.choice(COLOURS, size=k_c, replace=False)]
+    shapes = [str(s) for s in rng.choice(SHAPES, size=k_s, replace=False)]
+    grid = list(itertools.product(colours, shapes))
+    while True:
+        pairs = [grid[i] for i in rng.choice(len(grid), size=n, replace=False)]
+        if n == 2 or ({c for c, _ in pairs} == set(colours) and {s for _, s in pairs} == set(shapes)):
+            return pairs
 
 
 def _angle(shape: str, rng: np.random.Generator) -> float:
-    if shape in ("square", "cross"):
-        return float(rng.uniform(-0.35, 0.35))
-    if shape == "circle":
-        return 0.0
-    return float(rng.uniform(-math.pi, math.pi))
+    """Small rotations only, so that every shape stays inside its bounding square (half-side ~r)."""
+    limit = {"circle": 0.0, "square": 0.2, "cross": 0.1, "triangle": 0.15, "star": math.pi / 5}[shape]
+    return float(rng.uniform(-limit, limit)) if limit else 0.0
 
 
-def _placement_ok(objs: list[ShapeObject], new: ShapeObject, image_size: int, distinct_pair: bool) -> bool:
-    margin = 4.0 * image_size / 224.0
-    for o in objs:
-        # bounding squares (radius + margin) must not overlap
-        if abs(o.cx - new.cx) < o.r + new.r + margin and abs(o.cy - new.cy) < o.r + new.r + margin:
-            return False
-    if distinct_pair and objs:
-        # two different objects: one axis must clearly dominate so "left of" / "above" is unambiguous
-        dx, dy = abs(new.cx - objs[0].cx), abs(new.cy - objs[0].cy)
-        if max(dx, dy) < 1.6 * min(dx, dy) or max(dx, dy) < 0.2 * image_size:
-            return False
-    return True
+def sample_layout(rng: np.random.Generator, image_size: int = 224) -> list[ShapeObject]:
+    """2-6 non-overlapping objects on the half-cell lattice, sorted left to right.
 
-
-def _sample_objects(rng: np.random.Generator, image_size: int) -> list[ShapeObject]:
-    """1-4 non-overlapping shapes; for >= 3 objects the x centres are well separated."""
-    scale = image_size / 224.0
-    counts = list(COUNT_WEIGHTS)
-    n = int(rng.choice(counts, p=list(COUNT_WEIGHTS.values())))
-    kinds = [(str(rng.choice(COLOURS)), str(rng.choice(SHAPES))) for _ in range(n)]
-    if n >= 2 and rng.random() < DUPLICATE_PROB:
-        kinds[1] = kinds[0]
-    distinct_pair = n == 2 and kinds[0] != kinds[1]
-    sizes = [str(rng.choice(("small", "large"))) for _ in range(n)]
-    for restart in range(200):
-        if restart >= 100:  # crowded: fall back to small shapes
-            sizes = ["small"] * n
+    x centres are distinct lattice points at least one cell apart (drawn uniformly among all
+    such sets); y centres are drawn per object, left to right, among the lattice points where
+    its bounding square keeps a gap of ``GAP_CELLS`` to every earlier object.
+    """
+    cell = image_size / GRID
+    n = int(rng.integers(MIN_OBJECTS, MAX_OBJECTS + 1))
+    pairs = sample_pairs(rng, n)
+    lattice = np.arange(2, 2 * GRID - 1)  # half-cell units: 1 to 6 cells
+    for _ in range(1000):
+        # n points of `lattice` at least 2 apart: choose n of len - (n - 1) slots, spread by i
+        slots = np.sort(rng.choice(len(lattice) - (n - 1), size=n, replace=False))
+        xs = lattice[slots + np.arange(n)]
+        radii = rng.uniform(*RADIUS_CELLS, size=n) * cell
         objs: list[ShapeObject] = []
-        for (colour, shape), size in zip(kinds, sizes, strict=True):
-            r = _radius(size, rng, scale)
-            lo = r + 3.0 * scale
-            for _ in range(60):
-                cand = ShapeObject(colour, shape, size, float(rng.uniform(lo, image_size - lo)),
-                                   float(rng.uniform(lo, image_size - lo)), r, _angle(shape, rng))
-                if _placement_ok(objs, cand, image_size, distinct_pair) and (
-                    n < 3 or all(abs(cand.cx - o.cx) >= 0.09 * image_size for o in objs)
-                ):
-                    objs.append(cand)
-                    break
-            else:
+        for (colour, shape), hx, r in zip(pairs, xs, radii, strict=True):
+            cx = float(hx) * cell / 2
+            free = [
+                hy for hy in lattice
+                if all(abs(cx - o.cx) >= r + o.r + GAP_CELLS * cell or
+                       abs(hy * cell / 2 - o.cy) >= r + o.r + GAP_CELLS * cell for o in objs)
+            ]
+            if not free:
                 break
+            cy = float(rng.choice(free)) * cell / 2
+            objs.append(ShapeObject(colour, shape, cx, cy, float(r), _angle(shape, rng)))
         if len(objs) == n:
+            # the pairs were drawn in random order, so their left-to-right order is random too
             return objs
-    raise RuntimeError("could not place shapes; image_size too small?")  # pragma: no cover
+    raise RuntimeError("could not place the shapes")  # pragma: no cover
 
 
-def _groups(objs: Sequence[ShapeObject]) -> list[list[ShapeObject]]:
-    """Objects grouped by (colour, shape), groups ordered by their leftmost member."""
-    groups: dict[tuple[str, str], list[ShapeObject]] = {}
-    for o in objs:
-        groups.setdefault((o.colour, o.shape), []).append(o)
-    return sorted(groups.values(), key=lambda g: min(o.cx for o in g))
-
-
-def _group_phrase(g: Sequence[ShapeObject]) -> str:
-    if len(g) == 1:
-        return g[0].phrase()
-    return f"{NUMBERS[len(g)]} {g[0].colour} {PLURALS[g[0].shape]}"
+def image_layout(index: int, seed: int = 0, image_size: int = 224) -> list[ShapeObject]:
+    """The objects of image ``index`` (left to right), without rendering it."""
+    return sample_layout(item_rng(seed, index, stream=1), image_size)
 
 
 def _join(phrases: Sequence[str]) -> str:
-    if len(phrases) == 1:
-        return phrases[0]
-    return ", ".join(phrases[:-1]) + " and " + phrases[-1]
+    return ", ".join(phrases[:-1]) + " and " + phrases[-1] if len(phrases) > 1 else phrases[0]
 
 
 def caption_templates(objs: Sequence[ShapeObject]) -> list[str]:
-    """All the reference phrasings that are true of this image (at most MAX_TOKENS tokens)."""
-    groups = _groups(objs)
-    if len(groups) == 1 and len(objs) == 1:
-        o = objs[0]
-        out = [t.format(A=o.phrase(True), a=o.phrase()) for t in _SINGLE]
-    elif len(groups) == 1:
-        out = [t.format(g=_group_phrase(objs)) for t in _SAME]
-    elif len(objs) == 2:
-        p, q = objs
-        if abs(p.cx - q.cx) >= abs(p.cy - q.cy):
-            first, second = (p, q) if p.cx < q.cx else (q, p)
-            templates = _HORIZONTAL
-        else:
-            first, second = (p, q) if p.cy < q.cy else (q, p)
-            templates = _VERTICAL
-        out = [
-            t.format(a=first.phrase(), b=second.phrase(), A=first.phrase(True), B=second.phrase(True))
-            for t in templates
-        ]
-    else:
-        listing = _join([_group_phrase(g) for g in groups])
-        out = [t.format(L=listing, N=NUMBERS[len(objs)]) for t in _LIST]
-    fitting = [c for c in out if len(caption_tokens(c)) <= MAX_TOKENS]
-    return fitting or out[:1]
-
-
-def _choose_captions(rng: np.random.Generator, templates: list[str], k: int) -> list[str]:
-    if len(templates) >= k:
-        return [templates[i] for i in rng.choice(len(templates), size=k, replace=False)]
-    extra = [templates[i] for i in rng.choice(len(templates), size=k - len(templates))]
-    return list(templates) + extra
+    """All reference phrasings of a left-to-right list of objects (each names every object, in order)."""
+    listing = _join([o.phrase() for o in objs])
+    out = [t.format(L=listing, N=NUMBER_WORDS.get(len(objs), str(len(objs)))) for t in _LIST]
+    if len(objs) == 2:
+        out += [t.format(a=objs[0].phrase(), b=objs[1].phrase()) for t in _PAIR]
+    return out
 
 
 def render_image(index: int, seed: int = 0, image_size: int = 224) -> tuple[np.ndarray, list[dict[str, Any]], list[str]]:
-    """Render one item: (pixels uint8 [H, W, 3], objects with boxes and words, 5 captions).
+    """Render one item: (pixels uint8 [H, W, 3], objects left to right, 5 captions).
 
-    Pixels are before JPEG compression.
+    Objects: ``box`` [x0, y0, x1, y1] (tight, x1/y1 exclusive), ``words``, ``colour``,
+    ``shape``, ``center`` [cx, cy] and ``rank`` (0 = leftmost).  Pixels are before JPEG
+    compression.
     """
-    rng = item_rng(seed, index)
-    objs = _sample_objects(rng, image_size)
+    objs = image_layout(index, seed, image_size)
+    rng = item_rng(seed, index, stream=2)
     canvas = textured_background(rng, image_size, image_size)
     records = []
-    for o in objs:
+    for rank, o in enumerate(objs):
         mask = shape_mask(o.shape, o.cx, o.cy, o.r, o.angle, image_size, image_size)
-        jitter = rng.uniform(-10.0, 10.0, size=3)
-        canvas[mask] = np.asarray(PALETTE[o.colour], np.float32) + jitter
+        canvas[mask] = np.asarray(PALETTE[o.colour], np.float32) + rng.uniform(-10.0, 10.0, size=3)
         records.append({
             "box": mask_box(mask),
-            "words": [o.size, o.colour, o.shape, PLURALS[o.shape]],
+            "words": [o.colour, o.shape],
             "colour": o.colour,
             "shape": o.shape,
-            "size": o.size,
             "center": [round(o.cx, 2), round(o.cy, 2)],
+            "rank": rank,
         })
     pixels = add_noise(rng, canvas, sigma=5.0)
-    captions = _choose_captions(rng, caption_templates(objs), CAPTIONS_PER_IMAGE)
-    return pixels, records, captions
+    templates = caption_templates(objs)
+    pick = item_rng(seed, index, stream=3).choice(len(templates), size=CAPTIONS_PER_IMAGE, replace=False)
+    return pixels, records, [templates[i] for i in pick]
 
 
 def _write_image(task: tuple) -> tuple[list[dict[str, Any]], list[str]]:
@@ -254,7 +236,7 @@ def generate_shapes(
     (root / "images").mkdir(parents=True, exist_ok=True)
     coco: dict[str, dict[str, Any]] = {
         name: {
-            "info": {"description": f"synthetic shapes ({name} split)", "version": "1.0", "year": 2024,
+            "info": {"description": f"synthetic shapes ({name} split)", "version": "2.0", "year": 2024,
                      "contributor": "captioning.data.synthetic", "seed": seed},
             "licenses": [{"id": 1, "name": "CC0 1.0 (synthetic data)", "url": ""}],
             "images": [],
@@ -262,7 +244,8 @@ def generate_shapes(
         }
         for name in SPLIT_NAMES
     }
-    grounding: dict[str, Any] = {"kind": "image", "dataset": "shapes", "items": {}}
+    grounding: dict[str, Any] = {"kind": "image", "dataset": "shapes", "word_classes": WORD_CLASSES,
+                                 "items": {}}
     all_captions: list[str] = []
     objects_per_image: dict[str, int] = {}
     ann_id = 1
