@@ -2,7 +2,8 @@
 
 The checkpoints are built here: a few synthetic shapes images / moving-shapes videos, features
 extracted with the extraction job (EfficientNet-Lite0, random weights, small inputs), and an
-untrained ``Captioner`` saved in the Lightning checkpoint layout.  Attention is forced where a
+untrained ``CaptioningModule`` saved in the Lightning checkpoint layout (``save_checkpoint``, also
+used by ``test_api.py``).  Attention is forced where a
 test needs to know where it is (the scorer is monkeypatched in-process).
 """
 
@@ -35,17 +36,17 @@ def _vocab(texts: list[str]) -> dict:
     return Vocabulary.build([tokenize(t) for t in texts], min_count=1).to_dict()
 
 
-def _save_checkpoint(path: Path, meta: dict, vocab: dict, data: dict, features_dir: Path,
-                     variant: str = "soft_attention", seed: int = 0) -> Path:
-    from captioning.models.captioner import Captioner
-    from captioning.models.decoder import DecoderConfig
+def save_checkpoint(path: Path, meta: dict, vocab: dict, data: dict, features_dir: Path,
+                    variant: str = "soft_attention", seed: int = 0) -> Path:
+    """A tiny untrained LSTM decoder (random weights from ``seed``) saved as a checkpoint."""
+    from captioning.models.captioner import CaptioningModule
 
     torch.manual_seed(seed)
-    model_cfg = asdict(DecoderConfig(variant=variant, embed_dim=16, hidden_dim=32, attention_dim=16,
-                                     dropout=0.0, doubly_stochastic=0.0))
+    model_cfg = {"name": "lstm", "variant": variant, "embed_dim": 16, "hidden_dim": 32, "attention_dim": 16,
+                 "dropout": 0.0, "doubly_stochastic": 0.0}
     config = {"model": model_cfg, "data": data, "features_dir": str(features_dir),
               "decode": {"beam_size": 1, "max_length": 6}}
-    model = Captioner(config=config, vocab=vocab, feature_meta=meta)
+    model = CaptioningModule(config=config, vocab=vocab, feature_meta=meta)
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, path)
     return path
 
@@ -84,8 +85,8 @@ def image_ckpt(tmp_path_factory) -> dict:
     meta = _extract([(r.item_id, str(root / "images" / r.path)) for r in records], "image", enc, features_dir)
     assert meta["grid"] == list(GRID)
     vocab = _vocab([c for r in records for c in r.captions])
-    soft = _save_checkpoint(tmp / "soft.ckpt", meta, vocab, asdict(data), features_dir)
-    hard = _save_checkpoint(tmp / "hard.ckpt", meta, vocab, asdict(data), features_dir, variant="hard_attention")
+    soft = save_checkpoint(tmp / "soft.ckpt", meta, vocab, asdict(data), features_dir)
+    hard = save_checkpoint(tmp / "hard.ckpt", meta, vocab, asdict(data), features_dir, variant="hard_attention")
     images = sorted((root / "images").glob("*.jpg"))
     return {"root": root, "soft": soft, "hard": hard, "images": images, "records": records, "meta": meta,
             "enc": enc, "features_dir": features_dir, "vocab": vocab, "data": asdict(data)}
@@ -106,7 +107,7 @@ def video_ckpt(tmp_path_factory) -> dict:
     assert meta["positions"] == FRAMES
     info = json.loads((root / "annotations" / "videodatainfo.json").read_text())
     vocab = _vocab([s["caption"] for s in info["sentences"]])
-    ckpt = _save_checkpoint(tmp / "video.ckpt", meta, vocab, {}, features_dir)
+    ckpt = save_checkpoint(tmp / "video.ckpt", meta, vocab, {}, features_dir)
     return {"root": root, "ckpt": ckpt, "videos": videos, "meta": meta, "enc": enc, "features_dir": features_dir}
 
 
@@ -148,7 +149,7 @@ def _check_entries(entries: list[dict]) -> None:
 
 
 def test_collect_inputs_files_folders_and_errors(tmp_path):
-    from captioning.cli.caption import collect_inputs
+    from captioning.inputs import collect_inputs
 
     d = tmp_path / "media"
     (d / "sub").mkdir(parents=True)
@@ -183,7 +184,7 @@ def test_collect_inputs_files_folders_and_errors(tmp_path):
 
 
 def test_resolve_device():
-    from captioning.cli.caption import resolve_device
+    from captioning.api import resolve_device
     from captioning.errors import ConfigError
 
     assert resolve_device("cpu").type == "cpu"
@@ -200,9 +201,9 @@ def test_resolve_device():
 
 @pytest.mark.slow
 def test_raw_image_features_equal_stored_features(image_ckpt):
-    from captioning.cli.caption import featurize_files
     from captioning.data.store import FeatureStore
     from captioning.features.backbones import build_backbone
+    from captioning.features.featurize import featurize_files
 
     store = FeatureStore.open(image_ckpt["features_dir"])
     paths = [image_ckpt["root"] / "images" / r.path for r in image_ckpt["records"][:5]]
@@ -217,12 +218,14 @@ def test_raw_image_features_equal_stored_features(image_ckpt):
 
 @pytest.mark.slow
 def test_raw_video_features_equal_stored_features(video_ckpt):
-    from captioning.cli.caption import featurize_files
     from captioning.data.store import FeatureStore
     from captioning.features.backbones import build_backbone
+    from captioning.features.featurize import featurize_files
 
     store = FeatureStore.open(video_ckpt["features_dir"])
-    got = featurize_files(build_backbone(video_ckpt["enc"]), video_ckpt["videos"], "video", batch_size=2)
+    # the extraction's batch (8 videos): the backbone then sees the same frame batch, so fp16 features
+    # agree to the bit under any threading (single-threaded convs round differently per batch size)
+    got = featurize_files(build_backbone(video_ckpt["enc"]), video_ckpt["videos"], "video", batch_size=8)
     for v, f in zip(video_ckpt["videos"], got, strict=True):
         stored = store[v.stem]
         assert f.error is None
@@ -353,13 +356,13 @@ def test_checkpoint_without_encoder_meta_is_refused(image_ckpt, tmp_path):
     from captioning.errors import CheckpointError
 
     meta = {k: v for k, v in image_ckpt["meta"].items() if k != "encoder"}
-    old = _save_checkpoint(tmp_path / "old.ckpt", meta, image_ckpt["vocab"], image_ckpt["data"],
+    old = save_checkpoint(tmp_path / "old.ckpt", meta, image_ckpt["vocab"], image_ckpt["data"],
                            image_ckpt["features_dir"])
     with pytest.raises(CheckpointError, match="older version"):
         caption(_config(old, [image_ckpt["images"][0]], tmp_path / "out"))
     # a backbone that does not give the recorded settings is refused too
     meta = {**image_ckpt["meta"], "encoder": {**image_ckpt["meta"]["encoder"], "image_size": 96}}
-    other = _save_checkpoint(tmp_path / "other.ckpt", meta, image_ckpt["vocab"], image_ckpt["data"],
+    other = save_checkpoint(tmp_path / "other.ckpt", meta, image_ckpt["vocab"], image_ckpt["data"],
                              image_ckpt["features_dir"])
     with pytest.raises(CheckpointError, match="differs"):
         caption(_config(other, [image_ckpt["images"][0]], tmp_path / "out"))

@@ -1,6 +1,6 @@
 """``captioning-bench beam``: batched beam search vs one item at a time (same code, batch 1).
 
-A soft-attention ``CaptionDecoder`` (random weights, Show-Attend-Tell COCO sizes by default)
+A soft-attention ``LSTMDecoder`` (random weights, Show-Attend-Tell COCO sizes by default)
 decodes ``--batch-size`` items with ``beam_search`` in one call (all items x beams as
 ``B*K`` rows per decoder step, the beams of an item sharing its keys/values), and the same
 function is called on items one by one.  Reported: captions/s of each (median over
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from captioning.models.decoder import CaptionDecoder, DecoderConfig
+from captioning.models.decoders import build_decoder
 from captioning.models.search import BeamConfig, beam_search
 
 BOS, EOS, UNK = 1, 2, 3
@@ -67,14 +67,14 @@ def run(args: Any) -> list[dict]:
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    cfg = DecoderConfig(
+    cfg = dict(
         variant="soft_attention",
         embed_dim=args.embed,
         hidden_dim=args.hidden,
         attention_dim=args.attention_dim,
         dropout=0.0,
     )
-    dec = CaptionDecoder(cfg, args.vocab, args.feature_dim).to(device).eval()
+    dec = build_decoder(cfg, args.vocab, args.feature_dim).to(device).eval()
     if args.eos_bias:
         with torch.no_grad():
             dec.out_vocab.bias[EOS] += args.eos_bias

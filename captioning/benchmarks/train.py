@@ -5,11 +5,11 @@ gate, h0/c0 from the mean annotation, doubly stochastic regulariser, dropout) tr
 Adam on the same random batch.  The baseline is written the way common tutorials write it:
 the batch is sorted by caption length and shrinks as captions end, ``U_a v`` is recomputed
 at every step, the vocabulary projection runs inside the loop, fp32.  Ours is
-``CaptionDecoder.compute_loss`` (keys projected once; the batch sorted by length so each step
+``LSTMDecoder.compute_loss`` (keys projected once; the batch sorted by length so each step
 runs only the captions still going; ``dL/dK`` of all steps summed in place and the step's
 ``tanh`` recomputed in backward instead of stored; per-step weight gradients computed once;
 one output projection for all real tokens after the loop; optional bf16 autocast).
-``--compile`` times ``CaptionDecoder.compute_loss_static`` under ``torch.compile`` instead: all
+``--compile`` times ``LSTMDecoder.compute_loss(static=True)`` under ``torch.compile`` instead: all
 rows at every step, one graph, replayed from CUDA graphs on a GPU (where a decoder step's small
 kernels are launch-bound); on a CPU it is slower than ``compute_loss`` (the padded steps run).
 With tiny sizes (``--batch-size 8 --regions 16 --feature-dim 64 ...``) both models are bound
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import statistics
 import time
 from typing import Any
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from captioning.models.decoder import CaptionDecoder, DecoderConfig
+from captioning.models.decoders import build_decoder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="ours: torch.compile CaptionDecoder.compute_loss_static (fixed shapes, one graph; "
+        help="ours: torch.compile LSTMDecoder.compute_loss(static=True) (fixed shapes, one graph; "
         "CUDA graphs on cuda); compile time reported apart",
     )
     parser.add_argument(
@@ -193,7 +194,7 @@ def run(args: Any) -> list[dict]:
         "threads": torch.get_num_threads(),
     }
 
-    cfg = DecoderConfig(
+    cfg = dict(
         variant="soft_attention",
         scoring="additive",
         embed_dim=args.embed,
@@ -202,12 +203,12 @@ def run(args: Any) -> list[dict]:
         dropout=0.3,
         deep_output=bool(args.deep_output),
     )
-    ours = CaptionDecoder(cfg, args.vocab, args.feature_dim).to(device).train()
+    ours = build_decoder(cfg, args.vocab, args.feature_dim).to(device).train()
     opt = _adam(list(ours.parameters()))
     loss_fn = ours.compute_loss
     if args.compile:
         mode = "reduce-overhead" if device.type == "cuda" else None
-        loss_fn = torch.compile(ours.compute_loss_static, fullgraph=True, mode=mode)
+        loss_fn = torch.compile(functools.partial(ours.compute_loss, static=True), fullgraph=True, mode=mode)
 
     def ours_step() -> None:
         ctx = (

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "beam": "batched beam search vs one item at a time",
     "metrics": "BLEU+ROUGE-L+CIDEr-D vs pycocoevalcap",
     "extract-images": "full extraction job vs backbone forward alone",
+    "extract-videos": "video extraction job (decode + forward + write) vs backbone forward alone",
 }
 
 

@@ -29,6 +29,7 @@ from captioning.config import (
     to_config,
 )
 from captioning.features.backbones import EncoderConfig, validate_encoder_config
+from captioning.features.encoders import is_clip_encoder
 
 log = logging.getLogger("captioning.extract")
 
@@ -72,17 +73,17 @@ def extract(cfg: ExtractConfig) -> dict[str, Any]:
     import pytorch_lightning as pl
 
     from captioning.errors import ConfigError
-    from captioning.features.backbones import build_backbone
-    from captioning.features.extract import run_extraction, trainer_kwargs
+    from captioning.features.encoders import build_encoder
+    from captioning.features.extract import run_extraction
 
-    validate_encoder_config(cfg.encoder)
+    validate_encoder_config(cfg.encoder, clip=is_clip_encoder(cfg.encoder.name))
     if cfg.data.kind not in ("image", "video"):
         raise ConfigError(f"data.kind={cfg.data.kind!r} is not valid: use image | video")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     items = dataset_items(cfg)
-    backbone = build_backbone(cfg.encoder)
+    backbone = build_encoder(cfg.encoder)
     summary = run_extraction(
-        items, cfg.data.kind, backbone, cfg.features_dir, trainer=trainer_kwargs(cfg.trainer),
+        items, cfg.data.kind, backbone, cfg.features_dir, trainer=cfg.trainer.kwargs(predict=True),
         batch_size=cfg.batch_size, num_workers=cfg.num_workers, dtype=cfg.dtype, shard_size=cfg.shard_size,
     )
     return summary.to_dict()

@@ -11,12 +11,16 @@
 ``H x W`` feature grid (``attention_shape = [H, W]``); for a video, one weight per sampled frame
 (``attention_shape = [K]``) with the original frame numbers in ``frame_indices``. A failed input is
 ``{"input": ..., "kind": ..., "error": "one line"}`` (other keys optional).
+
+``write_gallery`` turns captions (``captioning.api.CaptionResult``) into the output folder of
+``captioning-caption``: ``figures/<NNNN>_<name>.png``, ``captions.json`` and ``index.html``.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import logging
 import math
 import os
 import re
@@ -27,8 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from captioning.errors import DataError
+from captioning.errors import CaptioningError, DataError
 from captioning.utils.io import atomic_write
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CAPTIONS_SCHEMA",
@@ -39,7 +45,12 @@ __all__ = [
     "validate_captions",
     "write_captions_json",
     "write_index_html",
+    "result_entry",
+    "write_gallery",
+    "error_line",
 ]
+
+FIGURES_DIR = "figures"
 
 _SUCCESS_KEYS = ["caption", "tokens", "attention", "attention_shape", "figure"]
 
@@ -483,3 +494,58 @@ def write_index_html(
         parts.append("</table>")
     parts += ["</body>", "</html>", ""]
     return _write_text(out_dir / "index.html", "\n".join(parts))
+
+
+# ----------------------------------------------------------------------------------------------
+# the output folder of captioning-caption
+# ----------------------------------------------------------------------------------------------
+
+
+def error_line(e: BaseException) -> str:
+    """One line for a failed input: the message of our errors, ``Type: message`` for others."""
+    text = " ".join(str(e).split())
+    if isinstance(e, CaptioningError) and text:
+        return text
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def result_entry(result: Any, figure: str) -> dict[str, Any]:
+    """The ``captions.json`` entry of one ``CaptionResult`` whose figure is at ``figure`` (relative)."""
+    if result.error is not None:
+        return error_entry(result.input, result.kind, result.error)
+    extra: dict[str, Any] = {"score": round(float(result.score), 4)}
+    if not result.has_attention:
+        extra["attention_note"] = "the model has no attention: uniform weights over the features"
+    if result.kind == "image":
+        return make_entry(result.input, result.tokens, result.attention, kind="image", figure=figure,
+                          attention_shape=list(result.attention_shape), **extra)
+    return make_entry(result.input, result.tokens, result.attention, kind="video", figure=figure,
+                      frame_indices=result.frame_indices, **extra)
+
+
+def write_gallery(results: Iterable[Any], out_dir: str | Path, title: str = "Captions") -> list[dict[str, Any]]:
+    """Draw each result's figure into ``out_dir/figures/``, then write ``captions.json`` and ``index.html``.
+
+    ``results`` may be a stream (``Captioner.iter_caption``): each figure is drawn as its result
+    arrives.  A figure that cannot be drawn makes its entry an error entry; the other captions are
+    kept.  Returns the entries, in the order of ``results``.
+    """
+    from captioning.viz.heatmaps import plot_result
+
+    out_dir = Path(out_dir)
+    (out_dir / FIGURES_DIR).mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
+    for i, r in enumerate(results):
+        if r.error is not None:
+            entries.append(error_entry(r.input, r.kind, r.error))
+            continue
+        rel = f"{FIGURES_DIR}/{figure_name(r.input, i)}"
+        try:
+            plot_result(r, out_dir / rel)
+            entries.append(result_entry(r, rel))
+        except Exception as e:  # one bad figure must not lose the other captions
+            log.exception("figure of %s failed", r.input)
+            entries.append(error_entry(r.input, r.kind, error_line(e)))
+    write_captions_json(entries, out_dir / "captions.json")
+    write_index_html(entries, out_dir, title=title)
+    return entries

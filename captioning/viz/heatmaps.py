@@ -6,7 +6,8 @@ they are safe in worker processes and need no display).
 
 Shapes: an image attention row is a distribution over a ``grid = (h, w)`` of feature cells, given
 flattened ``[h*w]`` (row-major, as the encoder flattens its feature map) or as ``[h, w]``. A video
-attention row is a distribution over the ``K`` sampled frames.
+attention row is a distribution over the ``K`` sampled frames.  ``plot_result`` draws the figure of
+one ``captioning.api.CaptionResult``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
@@ -39,6 +41,7 @@ __all__ = [
     "image_attention_figure",
     "build_video_attention_figure",
     "video_attention_figure",
+    "plot_result",
 ]
 
 PANELS_PER_ROW = 6
@@ -579,3 +582,26 @@ def video_attention_figure(
         frames, tokens, attention, frame_indices, hard=hard, title=title, cmap=cmap
     )
     return _save(fig, out_path, dpi)
+
+
+def plot_result(result: Any, out_path: str | Path, *, dpi: int = 100) -> Path:
+    """Save the attention figure of one caption (a ``captioning.api.CaptionResult``) as PNG.
+
+    Image: the crop the model saw, then one heatmap per word over ``attention_shape`` (models with
+    argmax hard attention: the attended cell marked); video: a frame strip above the words x
+    frames alignment.  A result without pixels (features captioned directly) is drawn on gray.
+    Returns ``out_path``.
+    """
+    if result.error is not None:
+        raise ValueError(f"{result.input} has no caption to draw: {result.error}")
+    att = np.asarray(result.attention, dtype=np.float64)
+    title = " ".join(result.tokens)
+    if result.kind == "image":
+        grid = (int(result.attention_shape[0]), int(result.attention_shape[1]))
+        image = result.image if result.image is not None else np.full((224, 224, 3), 128, np.uint8)
+        points = [brightest_cell(row, grid) for row in att] if result.hard_attention else None
+        return image_attention_figure(image, result.tokens, att, grid, out_path, hard_points=points,
+                                      title=title, dpi=dpi)
+    frames = result.image if result.image is not None else np.full((att.shape[1], 64, 64, 3), 128, np.uint8)
+    return video_attention_figure(frames, result.tokens, att, result.frame_indices, out_path,
+                                  hard=result.hard_attention, title=title, dpi=dpi)

@@ -1,0 +1,34 @@
+"""Every encoder behind one entry point: 2-D CNN grids (``backbones``) and 3-D clip networks
+(``clips``).  Both registries return a ``Backbone`` with the same feature contract; the jobs
+(extraction, captioning raw media) build their encoder here."""
+
+from __future__ import annotations
+
+from captioning.errors import ConfigError
+from captioning.features.backbones import (
+    Backbone,
+    EncoderConfig,
+    available_backbones,
+    build_backbone,
+)
+from captioning.features.clips import available_clip_backbones, build_clip_backbone
+
+__all__ = ["build_encoder", "encoder_names", "is_clip_encoder"]
+
+
+def is_clip_encoder(name: str) -> bool:
+    """True for the 3-D (spatio-temporal) video encoders of ``captioning.features.clips``."""
+    return name in available_clip_backbones()
+
+
+def encoder_names() -> list[str]:
+    return available_backbones() + available_clip_backbones()
+
+
+def build_encoder(cfg: EncoderConfig) -> Backbone:
+    """The Backbone of ``cfg.name`` (2-D registry key, ``timm:<model_name>`` or 3-D clip network)."""
+    if is_clip_encoder(cfg.name):
+        return build_clip_backbone(cfg)
+    if not cfg.name.startswith("timm:") and cfg.name not in available_backbones():
+        raise ConfigError(f"encoder.name={cfg.name!r} is not a known encoder: use one of {', '.join(encoder_names())}")
+    return build_backbone(cfg)

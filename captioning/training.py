@@ -1,0 +1,260 @@
+"""The training job: fit a caption decoder on a FeatureStore with Lightning (CPU, GPU, DDP).
+
+``train(TrainConfig)`` reads the dataset and its features, builds the vocabulary, and fits the
+``CaptioningModule`` (teacher forcing; validation decodes and scores BLEU/CIDEr) with checkpoints,
+early stopping and TensorBoard/CSV logs under ``output_dir``.  A run whose ``checkpoints/last.ckpt``
+exists resumes from it (same vocabulary and features required); the CSV log keeps the rows before
+the checkpoint.  ``captioning-train`` composes the ``TrainConfig`` and calls ``train``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from omegaconf import MISSING
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.utilities import rank_zero_only
+
+from captioning.config import DataConfig, TrainerConfig
+from captioning.finetune import FinetuneConfig
+from captioning.models.captioner import OptimConfig
+from captioning.models.scst import ScstConfig
+from captioning.models.search import BeamConfig
+
+log = logging.getLogger("captioning.train")
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    # a registered decoder's config: model.name picks it (captioning.models.decoders), its own
+    # typed config checks the other keys at start
+    model: dict[str, Any] = field(default_factory=lambda: {"name": "lstm"})
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    decode: BeamConfig = field(default_factory=BeamConfig)
+    # Lightning callbacks and loggers by name, each a ``_target_`` node (conf/callbacks/*.yaml,
+    # conf/logger/*.yaml) built at start; a null node is left out
+    callbacks: dict[str, Any] = field(default_factory=dict)
+    logger: dict[str, Any] = field(default_factory=dict)
+    encoder: str = "efficientnet_lite0"  # which extracted features to train on
+    # the FeatureStore written by captioning-extract, or a list of stores of the same items read as
+    # one (two-stream: features concatenated per position, captioning.data.streams); str | list[str]
+    features_dir: Any = MISSING
+    run_name: str = MISSING
+    output_dir: str = MISSING  # the run directory (set by Hydra)
+    seed: int = 0
+    resume: bool = True
+    eval_batch_size: int = 128
+    compile: bool = False  # torch.compile the fixed-shape loss (CUDA graphs on a GPU)
+    scst: ScstConfig = field(default_factory=ScstConfig)  # stage=scst: self-critical fine-tuning
+    init_from: str | None = None  # start from this checkpoint's weights (a new run; e.g. XE -> SCST)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)  # stage=finetune: the encoder too
+
+
+def instantiate_nodes(nodes: Mapping[str, Any], group: str) -> list[Any]:
+    """Build the ``_target_`` nodes of config group ``group`` (callbacks, logger) in their order
+    with ``hydra.utils.instantiate``; a null (or false) node is turned off."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    from captioning.errors import CaptioningError, ConfigError
+
+    built = []
+    for name, node in nodes.items():
+        if node is None or node is False:
+            continue
+        if not isinstance(node, Mapping) or "_target_" not in node:
+            raise ConfigError(f"{group}.{name} is not a node with a _target_ (the class to build and its "
+                              f"arguments, see conf/{group}/): set it as one, or {group}.{name}=null to turn it off")
+        try:
+            built.append(instantiate(node))
+        except InstantiationException as e:
+            cause = e.__cause__
+            if isinstance(cause, CaptioningError):
+                raise cause from None
+            hint = (" (pip install 'captioning[loggers]' for wandb and mlflow)"
+                    if isinstance(cause, ImportError) else "")
+            reason = str(cause or e).strip().splitlines()
+            raise ConfigError(f"{group}.{name}: cannot build {node['_target_']}: "
+                              f"{reason[0][:300] if reason else type(cause).__name__}{hint}") from None
+    return built
+
+
+def build_callbacks(cfg: TrainConfig, loggers: list) -> list[pl.Callback]:
+    """The ``cfg.callbacks`` nodes, built.  Without a logger the learning-rate monitor (it needs one)
+    is left out, and so is the progress bar with ``trainer.enable_progress_bar=false``."""
+    from pytorch_lightning.callbacks import LearningRateMonitor, ProgressBar
+
+    callbacks = instantiate_nodes(cfg.callbacks, "callbacks")
+    if not loggers:
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    if not cfg.trainer.enable_progress_bar:
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    return callbacks
+
+
+def build_loggers(cfg: TrainConfig, resume_step: int | None = None) -> list:
+    """The ``cfg.logger`` nodes, built (they write under the run dir).  On resume, the rows a CSV
+    logger wrote before the checkpoint's step are kept (Lightning's CSVLogger would delete them);
+    the killed tail is re-logged."""
+    from pytorch_lightning.loggers import CSVLogger
+
+    loggers = instantiate_nodes(cfg.logger, "logger")
+    for logger in loggers:
+        if isinstance(logger, CSVLogger) and resume_step is not None:
+            csv_path = Path(logger.log_dir) / "metrics.csv"
+            history = read_csv_history(csv_path, resume_step)
+            if history is not None:
+                restore_csv_history(logger, csv_path, *history)
+    return loggers
+
+
+def read_csv_history(path: Path, before_step: int) -> tuple[list[str], list[dict]] | None:
+    """(header, rows with step < before_step) of a CSV metrics log, or None if there is none."""
+    import csv
+
+    if not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [r for r in reader if r.get("step") not in (None, "") and int(float(r["step"])) < before_step]
+        return list(reader.fieldnames or []), rows
+
+
+def restore_csv_history(logger, path: Path, header: list[str], rows: list[dict]) -> None:
+    """Write the kept rows back once the (rank-zero) writer exists, so new rows append to them."""
+    import csv
+
+    from lightning_fabric.loggers.csv_logs import _ExperimentWriter
+
+    writer = logger.experiment  # creating the writer is what clears the old file
+    if not isinstance(writer, _ExperimentWriter):  # a non-zero rank: nothing to write
+        return
+    with open(path, "w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=header)
+        out.writeheader()
+        out.writerows(rows)
+    writer.metrics_keys = sorted(header)
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Fit; returns a summary (best checkpoint, best score, steps)."""
+    from captioning.checkpoint import AtomicCheckpointIO
+    from captioning.data.annotations import read_dataset
+    from captioning.data.datamodule import CaptionDataModule
+    from captioning.data.streams import open_features
+    from captioning.data.vocab import build_vocabulary
+    from captioning.errors import CheckpointError, ConfigError, DataError
+    from captioning.models.captioner import CaptioningModule, config_dict
+    from captioning.models.decoders import decoder_config
+    from captioning.utils.io import atomic_write_json
+
+    decoder_config(cfg.model)  # a bad model config stops here, before any data is read
+    cfg.scst.validate()
+    pl.seed_everything(cfg.seed, workers=True)
+    out = Path(cfg.output_dir)
+    dataset = read_dataset(cfg.data)
+    splits = {s: dataset.split(s) for s in ("train", "val", "test")}
+    dirs = [cfg.features_dir] if isinstance(cfg.features_dir, str) else cfg.features_dir
+    if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) for d in dirs):
+        raise ConfigError(f"features_dir={cfg.features_dir!r}: give a feature store folder or a list of them "
+                          f"(two streams: features_dir=[<appearance store>,<motion store>])")
+    missing = [d for d in dirs if not Path(d, "meta.json").is_file()]
+    if missing:
+        raise DataError(
+            f"no feature store at {', '.join(missing)}: run `captioning-extract data={cfg.data.name} "
+            f"encoder={cfg.encoder if len(dirs) == 1 else '<its encoder>'} features_dir=<that folder>` first "
+            f"(or set features_dir=...)"
+        )
+    store = open_features(dirs)
+    if store.meta.get("kind", cfg.data.kind) != cfg.data.kind:
+        raise ConfigError(
+            f"features in {store.root} are '{store.meta.get('kind')}' features but data={cfg.data.name} "
+            f"is a '{cfg.data.kind}' dataset: point features_dir at this dataset's features"
+        )
+    vocab = build_vocabulary(splits["train"], min_count=cfg.data.min_count)
+    meta = dict(store.meta)  # what the model is trained on (fine-tuning: the encoder's output)
+    if cfg.finetune.enabled:  # end to end from raw images (captioning.finetune)
+        from captioning.finetune import finetune_data
+
+        dm, meta = finetune_data(cfg, splits, store, vocab)
+    else:
+        dm = CaptionDataModule(
+            splits, store, vocab, max_length=cfg.data.max_length, batch_size=cfg.data.batch_size,
+            eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=cfg.scst.enabled,
+        )
+    ckpt = out / "checkpoints" / "last.ckpt"
+    if rank_zero_only.rank == 0:  # temp files of checkpoint writes a killed run left behind
+        for stale in ckpt.parent.glob(".*.tmp"):
+            stale.unlink(missing_ok=True)
+    resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
+    resume_step = None
+    if resume_from:
+        from captioning.checkpoint import check_compatible, load_checkpoint
+
+        try:
+            state = load_checkpoint(resume_from)
+        except CheckpointError as e:
+            raise CheckpointError(f"cannot resume: {e}. To start this run afresh, move {resume_from} away "
+                                  f"(or pass resume=false)") from None
+        check_compatible(state["hyper_parameters"], vocab.to_dict(), meta, resume_from)
+        resume_step = int(state.get("global_step", 0))
+        del state
+        log.info("resuming from %s (step %d)", resume_from, resume_step)
+    if cfg.finetune.enabled:  # + the encoder, with the store's weights unless resuming replaces them
+        from captioning.finetune import FinetuneModule
+
+        model = FinetuneModule(config=config_dict(cfg), vocab=vocab.to_dict(), feature_meta=meta,
+                               initial_weights=not resume_from)
+    else:
+        model = CaptioningModule(config=config_dict(cfg), vocab=vocab.to_dict(), feature_meta=meta)
+    if cfg.init_from and not resume_from:  # fine-tuning: a run on these stored features (its decoder)
+        init_weights(model, cfg.init_from, vocab.to_dict(), dict(store.meta))
+    loggers = build_loggers(cfg, resume_step)
+    callbacks = build_callbacks(cfg, loggers)
+    trainer = pl.Trainer(**cfg.trainer.kwargs(
+        callbacks=callbacks, logger=loggers or False, default_root_dir=str(out), plugins=[AtomicCheckpointIO()],
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),  # none: no checkpoints
+    ))
+    trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
+    ckpt_cb = trainer.checkpoint_callback
+    best = getattr(ckpt_cb, "best_model_path", "") or (str(ckpt) if ckpt.is_file() else "")
+    score = getattr(ckpt_cb, "best_model_score", None)
+    summary = {
+        "run_dir": str(out),
+        "best_checkpoint": best,
+        "last_checkpoint": str(ckpt) if ckpt.is_file() else None,
+        "best_val_CIDEr": float(score) if score is not None else None,
+        "global_step": int(trainer.global_step),
+        "epochs": int(trainer.current_epoch),
+        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
+        "vocab_size": len(vocab),
+        "train_samples": sum(len(r) for r in dm.items["train"].references),
+    }
+    if trainer.is_global_zero:
+        vocab.save(out / "vocab.json")
+        atomic_write_json(out / "train_summary.json", summary)
+        log.info("best checkpoint: %s (val CIDEr %s)", best, summary["best_val_CIDEr"])
+    return summary
+
+
+def init_weights(model: pl.LightningModule, path: str, vocab: dict, feature_meta: dict) -> None:
+    """Load a finished run's weights into ``model`` (a new run: fresh optimizer, step 0), e.g. the
+    cross-entropy stage's best checkpoint before self-critical training."""
+    from captioning.checkpoint import check_compatible, load_checkpoint
+    from captioning.errors import CheckpointError
+
+    state = load_checkpoint(path)
+    check_compatible(state["hyper_parameters"], vocab, feature_meta, path)
+    try:
+        model.load_state_dict(state["state_dict"])
+    except RuntimeError as e:
+        raise CheckpointError(f"init_from={path}: its weights do not fit this run's model "
+                              f"({str(e).splitlines()[0][:200]}); use the same model settings as that run") from None
+    log.info("initialised from %s (its step %d)", path, int(state.get("global_step", 0)))
