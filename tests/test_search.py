@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
 from conftest import run_bench
 
 from captioning.errors import ConfigError
-from captioning.models.decoder import CaptionDecoder, DecoderConfig
+from captioning.models.decoders import build_decoder
 from captioning.models.search import (
     BeamConfig,
     beam_search,
@@ -24,8 +25,8 @@ C, N = 5, 4
 
 def _model(vocab: int = 7, seed: int = 0, variant: str = "soft_attention", scale: float = 3.0):
     torch.manual_seed(seed)
-    cfg = DecoderConfig(variant=variant, embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0)
-    dec = CaptionDecoder(cfg, vocab, C).eval()
+    cfg = dict(variant=variant, embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0)
+    dec = build_decoder(cfg, vocab, C).eval()
     with torch.no_grad():  # peakier distributions than the default init
         dec.out_vocab.weight.mul_(scale)
     return dec
@@ -42,16 +43,15 @@ def _feats(b: int = 3, seed: int = 0):
 
 def _sequence_logprob(dec, feats, mask, words, max_length, min_length=1) -> float:
     """log p(words + <eos>) step by step with the search's constraints (no renormalisation)."""
-    torch.set_grad_enabled(False)
-    state = dec.init_state(feats, mask)
-    prev = torch.tensor([BOS])
-    total = 0.0
-    for t, w in enumerate([*words, EOS]):
-        lp, _, state = dec.step(prev, state)
-        assert not (w == EOS and t < min_length)
-        total += float(lp[0, w])
-        prev = torch.tensor([w])
-    torch.set_grad_enabled(True)
+    with torch.no_grad():  # not set_grad_enabled(False/True): a failing assert would leave grad off
+        state = dec.init_state(feats, mask)
+        prev = torch.tensor([BOS])
+        total = 0.0
+        for t, w in enumerate([*words, EOS]):
+            lp, _, state = dec.step(prev, state)
+            assert not (w == EOS and t < min_length)
+            total += float(lp[0, w])
+            prev = torch.tensor([w])
     return total
 
 
@@ -223,3 +223,114 @@ def test_beam_benchmark_smoke() -> None:
     )
     assert [r["name"] for r in results] == ["beam/batched", "beam/one_at_a_time", "beam/speedup"]
     assert results[1]["same_captions_as_batched"] == "2/2"
+
+
+# ------------------------------------------------------------ an independent beam search oracle
+#
+# A textbook beam search, one item at a time, on plain Python lists, with no batching and no early
+# exit, over a toy decoder whose next-token distribution depends on the whole prefix (so greedy,
+# beam and exhaustive search disagree).  Conventions of captioning.models.search: at most
+# max_length words, then only <eos>; <eos> only after min_length words; <bos>, <pad> and <unk>
+# never generated; of the candidates (beam, token) sorted by summed log-prob, <eos> candidates
+# among the first K finish, and the K best other candidates go on; a finished hypothesis with n
+# words is ranked by raw / lp(n + 1) (the <eos> token counts), lp = 1 | ((5 + L) / 6) ** alpha | L.
+
+TOY_WORDS = (4, 5, 6)
+TOY_V = 7
+
+
+def toy_log_probs(item: int, prefix: list[int]) -> list[float]:
+    """log p(. | item, prefix) over TOY_V tokens: a fixed pseudo-random function of the prefix,
+    rounded to float32 as a real decoder's output is."""
+    h = item * 7919
+    for w in prefix:
+        h = (h * 131 + w + 1) % 1_000_003
+    logits = [2.5 * math.sin(0.91 * v + 0.0137 * h + 1.3 * item) for v in range(TOY_V)]
+    logits[EOS] += 0.4 * len(prefix) - 0.8  # stopping gets likelier with length
+    m = max(logits)
+    log_z = m + math.log(sum(math.exp(x - m) for x in logits))
+    return [float(torch.tensor(x - log_z, dtype=torch.float32)) for x in logits]
+
+
+class ToyState:
+    """Rows: item code and the prefix of each row; ``group`` rows per item (the beams)."""
+
+    def __init__(self, items: list[int], prefixes: list[list[int]], group: int = 1) -> None:
+        self.items, self.prefixes, self.group = items, prefixes, group
+
+    def repeat_interleave(self, k: int) -> ToyState:
+        return ToyState([i for i in self.items for _ in range(k)], [list(p) for p in self.prefixes for _ in range(k)],
+                        self.group * k)
+
+    def index_select(self, idx: torch.Tensor, within_groups: bool = False) -> ToyState:
+        rows = idx.tolist()
+        assert not within_groups or all(r // self.group == j // self.group for j, r in enumerate(rows))
+        return ToyState([self.items[r] for r in rows], [list(self.prefixes[r]) for r in rows],
+                        self.group if within_groups else 1)
+
+    def select_groups(self, groups: torch.Tensor) -> ToyState:
+        rows = [g * self.group + j for g in groups.tolist() for j in range(self.group)]
+        return ToyState([self.items[r] for r in rows], [self.prefixes[r] for r in rows], self.group)
+
+
+class ToyDecoder:
+    """The decoder protocol of captioning.models.search over ``toy_log_probs``; ``features[b, 0, 0]``
+    is item b's code.  No attention."""
+
+    vocab_size, pad_id = TOY_V, PAD
+
+    def init_state(self, features: torch.Tensor, mask: torch.Tensor | None) -> ToyState:
+        return ToyState([int(c) for c in features[:, 0, 0].tolist()], [[] for _ in range(features.shape[0])])
+
+    def step(self, prev: torch.Tensor, state: ToyState):
+        prefixes = [p if t == BOS else [*p, t] for p, t in zip(state.prefixes, prev.tolist(), strict=True)]
+        lp = torch.tensor([toy_log_probs(i, p) for i, p in zip(state.items, prefixes, strict=True)],
+                          dtype=torch.float32)
+        return lp, None, ToyState(state.items, prefixes, state.group)
+
+
+def textbook_beam_search(item: int, k: int, max_length: int, min_length: int, penalty: str,
+                         alpha: float = 0.6) -> list[tuple[float, float, list[int]]]:
+    """Every hypothesis that finishes, as (ranking score, summed log-prob, words), best first."""
+
+    def lp_divisor(length: int) -> float:
+        return {"none": 1.0, "gnmt": ((5.0 + length) / 6.0) ** alpha, "avg": float(length)}[penalty]
+
+    beams: list[tuple[float, list[int]]] = [(0.0, [])]
+    finished = []
+    for t in range(max_length + 1):
+        candidates = []
+        for score, words in beams:
+            lp = toy_log_probs(item, words)
+            allowed = [EOS] if t == max_length else [*TOY_WORDS, *([EOS] if t >= min_length else [])]
+            candidates += [(score + lp[v], words, v) for v in allowed]
+        candidates.sort(key=lambda c: -c[0])
+        for score, words, v in candidates[:k]:
+            if v == EOS:
+                finished.append((score / lp_divisor(len(words) + 1), score, words))
+        beams = [(score, [*words, v]) for score, words, v in candidates if v != EOS][:k]
+    return sorted(finished, key=lambda f: -f[0])
+
+
+@pytest.mark.parametrize("penalty", ["none", "gnmt", "avg"])
+@pytest.mark.parametrize("width", [2, 3])
+def test_beam_search_equals_a_textbook_beam_search(width: int, penalty: str) -> None:
+    """Batched beam search (with its early exit) == the per-item textbook search, hypotheses and
+    scores, for 5 items in one batch, at two minimum lengths, best hypothesis and the n-best list."""
+    items = [0, 1, 2, 3, 4]
+    features = torch.tensor(items, dtype=torch.float32).view(-1, 1, 1).expand(-1, 2, 3).contiguous()
+    differs = 0
+    for min_length in (1, 2):
+        for n_best in (1, width):
+            cfg = BeamConfig(beam_size=width, max_length=5, min_length=min_length, length_penalty=penalty,
+                             n_best=n_best)
+            got = beam_search(ToyDecoder(), features, None, cfg, BOS, EOS, UNK)
+            for item, hyps in zip(items, got, strict=True):
+                want = textbook_beam_search(item, width, 5, min_length, penalty)[:n_best]
+                assert [h.tokens for h in hyps] == [w[2] for w in want], (item, min_length, n_best)
+                assert [h.score for h in hyps] == pytest.approx([w[0] for w in want], abs=1e-5)
+                assert [h.log_prob for h in hyps] == pytest.approx([w[1] for w in want], abs=1e-5)
+                assert all(h.finished for h in hyps)
+                greedy = textbook_beam_search(item, 1, 5, min_length, penalty)[0][2]
+                differs += greedy != hyps[0].tokens
+    assert differs > 0  # the toy problem is one where the beam finds more than greedy search

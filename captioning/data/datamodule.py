@@ -1,8 +1,9 @@
 """Datasets over a FeatureStore and the caption annotations, and the Lightning DataModule.
 
 Training sees one sample per (item, reference caption): an item with five references is
-seen five times per epoch, each time with a different caption (Xu et al., Karpathy).
-Evaluation sees one sample per item; its references are looked up by index.
+seen five times per epoch, each time with a different caption (Xu et al., Karpathy);
+self-critical training sees one sample per item.  Evaluation sees one sample per item; its
+references are looked up by index.
 """
 
 from __future__ import annotations
@@ -91,6 +92,26 @@ class CaptionTrainDataset(Dataset):
         return torch.from_numpy(np.array(feats)), valid, torch.tensor(tokens), i
 
 
+class CaptionItemDataset(Dataset):
+    """One sample per item with ONE of its reference captions, drawn at random each time
+    (self-critical training: the model samples its own captions; the reference is for the
+    optional cross-entropy term)."""
+
+    def __init__(self, items: FeatureItems, vocab: Vocabulary, max_length: int) -> None:
+        self.items = items
+        self.tokens = [[[vocab.bos] + vocab.encode(ref.split(), max_length) + [vocab.eos] for ref in refs]
+                       for refs in items.references]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        feats, valid = self.items.features(i)
+        refs = self.tokens[i]
+        k = int(torch.randint(len(refs), ())) if len(refs) > 1 else 0
+        return torch.from_numpy(np.array(feats)), valid, torch.tensor(refs[k]), i
+
+
 class CaptionEvalDataset(Dataset):
     """One sample per item (free decoding; references come from ``items.references``)."""
 
@@ -109,7 +130,7 @@ def collate(samples, pad: int = 0) -> Batch:
     """Stack features, build the position mask from valid counts, right-pad the token ids.
 
     Training batches come sorted by caption length, longest first (``index`` keeps each
-    row's item): ``CaptionDecoder.compute_loss`` then needs no gather of the features to
+    row's item): the LSTM decoder's packed loss then needs no gather of the features to
     drop finished captions from the end of the batch.
     """
     if samples[0][2] is not None:
@@ -141,8 +162,10 @@ class CaptionDataModule(pl.LightningDataModule):
         batch_size: int = 64,
         eval_batch_size: int | None = None,
         num_workers: int = 2,
+        per_item: bool = False,
     ) -> None:
         super().__init__()
+        self.per_item = per_item  # training samples: one per item (self-critical) or per caption
         self.store = store
         self.vocab = vocab
         self.max_length = max_length
@@ -172,7 +195,8 @@ class CaptionDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        ds = CaptionTrainDataset(self.items["train"], self.vocab, self.max_length)
+        kind = CaptionItemDataset if self.per_item else CaptionTrainDataset
+        ds = kind(self.items["train"], self.vocab, self.max_length)
         return self._loader(ds, self.batch_size, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:

@@ -356,6 +356,60 @@ def cider_d(
     return _mean(per_item), per_item.tolist()
 
 
+class CiderD:
+    """CIDEr-D with document frequencies from a FIXED reference corpus, computed once.
+
+    ``cider_d`` takes document frequencies from the references of the items it scores (the
+    toolkit's behaviour); a reward for self-critical training needs them from the whole training
+    set instead (Rennie et al. 2017; ruotianluo's ``CiderD(df='corpus')``), and it scores a few
+    hundred captions per batch, so the corpus statistics and each item's reference vectors are
+    computed once and reused.  ``corpus``: per item its tokenized references.  Scoring every
+    corpus item's hypothesis against its own references gives exactly ``cider_d``'s per-item
+    scores (same definition, same document frequencies).
+    """
+
+    def __init__(self, corpus: Sequence[Sequence[Tokens]], n: int = 4, sigma: float = 6.0) -> None:
+        self.n, self.sigma = n, sigma
+        self.corpus = [[list(r) for r in refs] for refs in corpus]
+        df: Counter = Counter()
+        for refs in self.corpus:
+            df.update(set(chain.from_iterable(ngram_counts(r, n) for r in refs)))
+        self.log_n = math.log(float(max(len(self.corpus), 1)))
+        self.log_df = {g: math.log(max(1.0, float(c))) for g, c in df.items()}
+        self._refs: dict[int, list[tuple[list[dict], list[float], int]]] = {}
+
+    def _vector(self, tokens: Tokens) -> tuple[list[dict], list[float], int]:
+        """TF-IDF vectors per order (n-gram -> weight), their norms, and the number of bigrams."""
+        vec: list[dict] = [{} for _ in range(self.n)]
+        for g, tf in ngram_counts(tokens, self.n).items():
+            vec[len(g) - 1][g] = float(tf) * (self.log_n - self.log_df.get(g, 0.0))
+        norms = [math.sqrt(sum(w * w for w in v.values())) for v in vec]
+        return vec, norms, max(len(tokens) - 1, 0)
+
+    def _item(self, index: int) -> list[tuple[list[dict], list[float], int]]:
+        if index not in self._refs:
+            self._refs[index] = [self._vector(r) for r in self.corpus[index]]
+        return self._refs[index]
+
+    def score(self, hypothesis: Tokens, index: int) -> float:
+        """CIDEr-D of one caption against corpus item ``index``'s references."""
+        vec_h, norm_h, len_h = self._vector(hypothesis)
+        refs = self._item(index)
+        total = 0.0
+        for vec_r, norm_r, len_r in refs:
+            penalty = math.exp(-((len_h - len_r) ** 2) / (2 * self.sigma**2))
+            for k in range(self.n):
+                val = sum(min(w, vec_r[k][g]) * vec_r[k][g] for g, w in vec_h[k].items() if g in vec_r[k])
+                if norm_h[k] != 0 and norm_r[k] != 0:
+                    val /= norm_h[k] * norm_r[k]
+                total += val * penalty
+        return total / self.n / max(len(refs), 1) * 10.0
+
+    def __call__(self, hypotheses: Sequence[Tokens], indices: Sequence[int]) -> np.ndarray:
+        """Per hypothesis its CIDEr-D against the references of corpus item ``indices[i]``."""
+        return np.array([self.score(h, int(i)) for h, i in zip(hypotheses, indices, strict=True)])
+
+
 # --------------------------------------------------------------------------------------
 # METEOR (the toolkit's jar)
 # --------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""Greedy decoding and batched beam search over a ``CaptionDecoder``-like model.
+"""Greedy decoding and batched beam search over any registered caption decoder.
 
-The decoder must provide ``init_state(features, mask) -> state``,
+They use only the decoder protocol (``captioning.models.decoders.base``):
+``init_state(features, mask) -> state``,
 ``step(prev_tokens [R], state) -> (log_probs [R,V], alpha [R,N] | None, state)``,
-``vocab_size`` and optionally ``pad_id``; the state must provide ``repeat_interleave(k)``,
-``index_select(idx, within_groups=True)`` and ``select_groups(groups)``
-(see ``captioning.models.decoder.DecoderState``).
+``vocab_size`` and optionally ``pad_id``; the state's ``repeat_interleave(k)``,
+``index_select(idx, within_groups=True)`` and ``select_groups(groups)``.
 
 Length convention: ``max_length`` is the maximum number of WORDS (tokens without <bos>/<eos>).
 The search runs at most ``max_length + 1`` decoder steps; at the last step only <eos> is
@@ -28,20 +28,30 @@ from captioning.errors import ConfigError
 
 __all__ = [
     "BeamConfig",
+    "DecodeConfig",
     "Hypothesis",
+    "SampleBatch",
     "beam_search",
     "decode_batch",
     "greedy_decode",
     "length_penalty",
+    "sample",
 ]
 
 NEG_INF = float("-inf")
 
 
 @dataclass
-class BeamConfig:
-    """Beam search settings (OmegaConf structured-config compatible)."""
+class DecodeConfig:
+    """How captions are decoded (OmegaConf structured-config compatible; ``conf/decode/*.yaml``).
 
+    ``strategy=beam``: batched beam search (greedy when ``beam_size == 1``); ``n_best`` best
+    hypotheses per item.  ``strategy=sample``: ``num_samples`` captions per item drawn from the
+    model's distribution with ``temperature``, ``top_k`` (0: off) and ``top_p`` (1: off),
+    seeded by ``seed``; the most likely sample first.
+    """
+
+    strategy: str = "beam"  # beam | sample
     beam_size: int = 3
     max_length: int = 20  # max words (without <bos>/<eos>)
     min_length: int = 1  # min words before <eos>
@@ -50,8 +60,15 @@ class BeamConfig:
     block_unk: bool = True
     block_trigrams: bool = False
     n_best: int = 1
+    num_samples: int = 1  # sample: captions per item
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
 
-    def validate(self) -> BeamConfig:
+    def validate(self) -> DecodeConfig:
+        if self.strategy not in ("beam", "sample"):
+            raise ConfigError(f"decode.strategy={self.strategy!r}; use beam or sample")
         if self.beam_size < 1:
             raise ConfigError(f"decode.beam_size must be >= 1 (got {self.beam_size})")
         if self.max_length < 1:
@@ -64,7 +81,20 @@ class BeamConfig:
             raise ConfigError(
                 f"decode.n_best={self.n_best} must be between 1 and beam_size={self.beam_size}"
             )
+        if self.num_samples < 1 or self.temperature <= 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError(
+                f"decode.num_samples >= 1, temperature > 0, top_k >= 0 and 0 < top_p <= 1 "
+                f"(got {self.num_samples}, {self.temperature}, {self.top_k}, {self.top_p})"
+            )
         return self
+
+    @property
+    def per_item(self) -> int:
+        """Hypotheses per item this config returns."""
+        return self.num_samples if self.strategy == "sample" else self.n_best
+
+
+BeamConfig = DecodeConfig  # the name most call sites know it by
 
 
 @dataclass
@@ -416,14 +446,23 @@ def decode_batch(
     decoder: Any,
     features: Tensor,
     mask: Tensor | None,
-    cfg: BeamConfig,
+    cfg: DecodeConfig,
     bos: int,
     eos: int,
     unk: int | None = None,
 ) -> list[list[Hypothesis]]:
-    """Greedy decoding when ``cfg.beam_size == 1`` (one hypothesis per item), else beam search."""
+    """``cfg.per_item`` hypotheses per item, best first: sampling, greedy (``beam_size == 1``)
+    or beam search."""
+    cfg.validate()
+    if cfg.strategy == "sample":
+        generator = torch.Generator(device=features.device).manual_seed(cfg.seed)
+        with torch.no_grad():
+            batch = sample(decoder, features, mask, n=cfg.num_samples, max_length=cfg.max_length,
+                           bos=bos, eos=eos, banned=_banned_tokens(decoder, bos, eos, unk if cfg.block_unk else None),
+                           min_length=cfg.min_length, temperature=cfg.temperature, top_k=cfg.top_k,
+                           top_p=cfg.top_p, generator=generator)
+        return batch.hypotheses(features.shape[0], cfg.num_samples, eos)
     if cfg.beam_size == 1:
-        cfg.validate()
         hyps = greedy_decode(
             decoder,
             features,
@@ -437,3 +476,132 @@ def decode_batch(
         )
         return [[h] for h in hyps]
     return beam_search(decoder, features, mask, cfg, bos, eos, unk)
+
+
+# ----------------------------------------------------------------------------------- sampling
+
+
+@dataclass
+class SampleBatch:
+    """``n`` sampled captions per item; rows are item-major (row ``i*n + j`` = sample j of item i).
+
+    ``tokens [R,T]`` (words then <eos>, padded with <eos>'s id after the end), ``log_probs [R,T]``
+    (log-probability of each sampled token under the distribution it was drawn from; 0 after the
+    end; differentiable when sampled with grad), ``mask [R,T]`` (True = a real token incl. <eos>),
+    ``attention [R,T,N]`` or None, ``finished [R]`` (ended with <eos>), ``entropy [R,T]`` (of
+    each step's sampling distribution, 0 after the end; only when asked for).
+    """
+
+    tokens: Tensor
+    log_probs: Tensor
+    mask: Tensor
+    attention: Tensor | None
+    finished: Tensor
+    entropy: Tensor | None = None
+
+    def words(self, eos: int) -> list[list[int]]:
+        """Each row's words (no <eos>), as Python lists."""
+        out = []
+        for row, m, fin in zip(self.tokens.tolist(), self.mask.sum(1).tolist(), self.finished.tolist(),
+                               strict=True):
+            out.append(row[: m - 1] if fin else row[:m])
+        return out
+
+    def hypotheses(self, items: int, n: int, eos: int) -> list[list[Hypothesis]]:
+        """Per item its ``n`` samples as hypotheses, the most likely first."""
+        words = self.words(eos)
+        scores = self.log_probs.detach().double().sum(1).cpu().tolist()
+        att = None if self.attention is None else self.attention.detach().float().cpu()
+        fin = self.finished.cpu().tolist()
+        out = []
+        for i in range(items):
+            hyps = []
+            for r in range(i * n, (i + 1) * n):
+                w = words[r]
+                a = None if att is None else att[r, : len(w)].clone()
+                hyps.append(Hypothesis(w, scores[r], a, scores[r], bool(fin[r])))
+            out.append(sorted(hyps, key=lambda h: -h.score))
+        return out
+
+
+def filter_log_probs(lp: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """The sampling distribution from log-probs ``lp [R,V]``: ``softmax(lp / temperature)``
+    restricted to the ``top_k`` most likely tokens and to the smallest set whose probability
+    reaches ``top_p`` (nucleus; Holtzman et al. 2020), renormalised -> log-probs ``[R,V]``."""
+    x = lp / temperature if temperature != 1.0 else lp
+    if top_k and top_k < x.shape[-1]:
+        kth = x.topk(top_k, dim=-1).values[:, -1:]
+        x = x.masked_fill(x < kth, NEG_INF)
+    if top_p < 1.0:
+        probs, order = torch.softmax(x, -1).sort(dim=-1, descending=True)
+        before = probs.cumsum(-1) - probs  # mass of the more likely tokens
+        drop = (before >= top_p).scatter(-1, order, before >= top_p)
+        x = x.masked_fill(drop, NEG_INF)
+    return torch.log_softmax(x, dim=-1)
+
+
+def sample(
+    decoder: Any,
+    features: Tensor,
+    mask: Tensor | None,
+    *,
+    n: int,
+    max_length: int,
+    bos: int,
+    eos: int,
+    banned: list[int] | tuple[int, ...] = (),
+    min_length: int = 1,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    entropy: bool = False,
+) -> SampleBatch:
+    """Draw ``n`` captions per item of ``features [B,N,C]`` (the item's memory is shared by its
+    rows).  Runs with or without grad: SCST backpropagates through ``log_probs``.  The same
+    constraints as beam search: ``banned`` tokens never, <eos> not before ``min_length`` words,
+    only <eos> after ``max_length`` words."""
+    b = features.shape[0]
+    device = features.device
+    state = decoder.init_state(features, mask).repeat_interleave(n)
+    rows = b * n
+    prev = torch.full((rows,), bos, dtype=torch.long, device=device)
+    done = torch.zeros(rows, dtype=torch.bool, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    toks, lps, masks, atts, ents = [], [], [], [], []
+    ban = torch.zeros(int(decoder.vocab_size), dtype=torch.bool, device=device)
+    ban[list(banned)] = True
+    for t in range(max_length + 1):
+        lp, alpha, state = decoder.step(prev, state)
+        block = ban.clone()
+        if t < min_length:
+            block[eos] = True
+        if t >= max_length:
+            block = torch.ones_like(ban)
+            block[eos] = False
+        q = filter_log_probs(lp.masked_fill(block, NEG_INF), temperature, top_k, top_p)
+        tok = torch.multinomial(q.detach().exp(), 1, generator=generator).squeeze(1)
+        tok = torch.where(done, torch.full_like(tok, eos), tok)
+        live = ~done
+        toks.append(tok)
+        picked = q.gather(1, tok.unsqueeze(1)).squeeze(1)
+        lps.append(torch.where(live, picked, torch.zeros_like(picked)))
+        if entropy:  # -sum p log p over the tokens that can be drawn (0 log 0 = 0)
+            h = -(q.exp() * q.masked_fill(torch.isinf(q), 0.0)).sum(-1)
+            ents.append(torch.where(live, h, torch.zeros_like(h)))
+        masks.append(live)
+        if alpha is not None:
+            atts.append(alpha)
+        finished = finished | (live & (tok == eos))
+        done = done | (tok == eos)
+        prev = tok
+        if bool(done.all()):
+            break
+    return SampleBatch(
+        tokens=torch.stack(toks, 1),
+        log_probs=torch.stack(lps, 1),
+        mask=torch.stack(masks, 1),
+        attention=torch.stack(atts, 1) if atts else None,
+        finished=finished,
+        entropy=torch.stack(ents, 1) if ents else None,
+    )
