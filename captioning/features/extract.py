@@ -4,10 +4,13 @@ Pieces (each usable on its own; ``captioning-extract`` wires them together):
 
 - ``MediaDataset``: (item_id, path) pairs decoded in DataLoader workers.  Images: ``load_image`` +
   resize/crop (uint8); videos: ``video_info`` + ``sample_frame_indices`` + ``read_frames`` + the same
-  per-frame resize/crop.  A bad file never raises in a worker: it comes back as a failure value.
+  per-frame resize/crop.  3-D (clip) encoders: the union of the frames of the K clips centred on
+  the sampled frames, decoded and resized once (``captioning.features.clips``).  A bad file never
+  raises in a worker: it comes back as a failure value.
 - ``FeatureExtractor(LightningModule)``: normalises on the device and runs the frozen backbone in
   inference mode (precision from the Trainer).  Images -> [h*w, C]; videos -> per-frame pooled
-  [K, C] or per-frame grids [K*h*w, C] (frame-major).
+  [K, C] or per-frame grids [K*h*w, C] (frame-major); clip encoders: one clip per sampled frame,
+  pooled over its space-time [K, C] or over its time [K*h*w, C].
 - ``StoreWriter(BasePredictionWriter)``: each rank appends to its own shards through
   ``FeatureStoreWriter(rank=global_rank)`` after every batch, and records failures.
 
@@ -40,6 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from captioning.errors import ConfigError
 from captioning.features.backbones import Backbone, EncoderConfig, Preprocessing
+from captioning.features.encoders import is_clip_encoder
 
 log = logging.getLogger("captioning.extract")
 
@@ -56,17 +60,24 @@ class MediaItem:
 
 @dataclass(frozen=True)
 class VideoSampling:
-    """How frames are picked from a video (picklable; used in workers)."""
+    """How frames are picked from a video (picklable; used in workers).
+
+    ``clip_length``: None for 2-D encoders (one frame per position); for 3-D encoders the clip
+    of ``clip_length`` frames every ``clip_stride`` frames centred on each sampled frame.
+    """
 
     frames: int = 28
     strategy: str = "uniform"
     target_fps: float | None = None
     short: str = "repeat"
     backend: str = "auto"
+    clip_length: int | None = None
+    clip_stride: int = 1
 
     @classmethod
     def from_encoder(cls, cfg: EncoderConfig) -> VideoSampling:
-        return cls(cfg.frames, cfg.frame_strategy, cfg.target_fps, cfg.short_video, cfg.video_backend)
+        clip = (cfg.clip_length, cfg.clip_stride) if is_clip_encoder(cfg.name) else (None, 1)
+        return cls(cfg.frames, cfg.frame_strategy, cfg.target_fps, cfg.short_video, cfg.video_backend, *clip)
 
 
 @dataclass
@@ -103,7 +114,10 @@ class MediaDataset(Dataset):
     """Decodes one image or video per index into uint8 pixels; failures are returned, never raised.
 
     ``__getitem__`` -> dict ``id``, ``path``, ``pixels`` (uint8 [3,S,S] image or [K,3,S,S] frames,
-    None on failure), ``valid`` (videos: real frames), ``frame_indices`` (videos), ``error`` (str|None).
+    None on failure), ``valid`` (videos: real frames), ``frame_indices`` (videos), ``error`` (str|None);
+    clip encoders also ``clip_frames`` (uint8 [U,3,S,S], the union of the clips' frames) and
+    ``clip_index`` (long [K',L] positions in it, one row per real sampled frame); ``pixels`` are then
+    the sampled (centre) frames.
     """
 
     def __init__(self, items: Sequence[MediaItem], kind: str, preprocessing: Preprocessing,
@@ -121,12 +135,13 @@ class MediaDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         item = self.items[index]
         out: dict[str, Any] = {"id": item.item_id, "path": item.path, "pixels": None, "valid": None,
-                               "real": None, "frame_indices": None, "error": None}
+                               "real": None, "frame_indices": None, "clip_frames": None, "clip_index": None,
+                               "error": None}
         try:
             if self.kind == "image":
                 out["pixels"] = self._image(item.path)
             else:
-                out["pixels"], out["valid"], out["real"], out["frame_indices"] = self._video(item.path)
+                out.update(self._video(item.path))
         except Exception as e:  # a bad file becomes a failure record, whatever went wrong
             out["error"] = _error_text(e)
             log.debug("failed %s: %s", item.path, traceback.format_exc())
@@ -140,9 +155,10 @@ class MediaDataset(Dataset):
         x = torch.from_numpy(arr).permute(2, 0, 1)  # [3, H, W] uint8
         return self.pre(x).contiguous()
 
-    def _video(self, path: str) -> tuple[torch.Tensor, int, int, tuple[int, ...]]:
-        """-> (frames uint8 [K,3,S,S], valid, real frames (the rest are padding), frame indices)."""
-        from captioning.data.video import read_frames, sample_frame_indices, video_info
+    def _video(self, path: str) -> dict[str, Any]:
+        """-> pixels (frames uint8 [K,3,S,S]), valid, real (frames that are not padding), frame_indices;
+        clip encoders also clip_frames and clip_index."""
+        from captioning.data.video import sample_frame_indices, video_info
         from captioning.errors import DataError
 
         v = self.video
@@ -162,25 +178,48 @@ class MediaDataset(Dataset):
             indices = indices + [indices[-1]] * (v.frames - len(indices))
         else:
             real = indices[:valid] if v.short == "pad" else indices
-        frames = read_frames(path, real, backend=v.backend)  # [K', H, W, 3] uint8
-        if len(frames) != len(real):
-            raise DataError(f"video {path}: read {len(frames)} frames, expected {len(real)}")
-        x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)  # [K', 3, H, W]
-        x = self.pre(x).contiguous()
+        out: dict[str, Any] = {"valid": valid, "real": len(real), "frame_indices": tuple(indices)}
+        if v.clip_length is None:
+            x = self._frames(path, real)  # [K', 3, S, S]
+        else:  # the frames of all K' clips, each decoded and resized once
+            from captioning.features.clips import clip_frame_indices, clip_union
+
+            union, index = clip_union(clip_frame_indices(real, info.num_frames, v.clip_length, v.clip_stride))
+            out["clip_frames"] = self._frames(path, union)  # [U, 3, S, S]
+            out["clip_index"] = torch.from_numpy(index)  # [K', L]
+            position = {f: u for u, f in enumerate(union)}
+            x = out["clip_frames"][[position[c] for c in real]]  # the centre frames [K', 3, S, S]
         if len(real) < len(indices):  # pad: zero pixels past `valid` (their features are zeroed too)
             pad = torch.zeros((len(indices) - len(real), *x.shape[1:]), dtype=x.dtype)
             x = torch.cat([x, pad])
-        return x, valid, len(real), tuple(indices)
+        out["pixels"] = x
+        return out
+
+    def _frames(self, path: str, indices: Sequence[int]) -> torch.Tensor:
+        """Decode ``indices`` and resize/crop them: uint8 [len(indices), 3, S, S]."""
+        from captioning.data.video import read_frames
+        from captioning.errors import DataError
+
+        frames = read_frames(path, indices, backend=self.video.backend)  # [n, H, W, 3] uint8
+        if len(frames) != len(indices):
+            raise DataError(f"video {path}: read {len(frames)} frames, expected {len(indices)}")
+        x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)  # [n, 3, H, W]
+        return self.pre(x).contiguous()
 
 
 def collate_media(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Batch the decoded items; frames of all videos are flattened to one [sum K, 3, S, S] tensor."""
+    """Batch the decoded items; frames of all videos are flattened to one [sum K, 3, S, S] tensor.
+
+    Clip encoders: ``clip_frames`` [sum U, 3, S, S] (every video's frame union), ``clip_counts``
+    (U per video) and ``clip_index`` (per video [K', L] positions into its own union).
+    """
     ok = [s for s in samples if s["error"] is None]
     failures = [(s["id"], s["path"], s["error"]) for s in samples if s["error"] is not None]
     if ok:
         pixels = torch.cat([s["pixels"] if s["pixels"].ndim == 4 else s["pixels"][None] for s in ok])
     else:
         pixels = torch.zeros((0, 3, 1, 1), dtype=torch.uint8)
+    clips = bool(ok) and ok[0].get("clip_frames") is not None
     return {
         "ids": [s["id"] for s in ok],
         "pixels": pixels,
@@ -188,6 +227,9 @@ def collate_media(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "valid": [s["valid"] for s in ok],
         "real": [s["real"] for s in ok],
         "frame_indices": [s["frame_indices"] for s in ok],
+        "clip_frames": torch.cat([s["clip_frames"] for s in ok]) if clips else None,
+        "clip_counts": [int(s["clip_frames"].shape[0]) for s in ok] if clips else None,
+        "clip_index": [s["clip_index"] for s in ok] if clips else None,
         "failures": failures,
         "num_items": len(samples),
     }
@@ -201,7 +243,9 @@ class FeatureExtractor(pl.LightningModule):
 
     Images: N = h*w (row-major grid).  Videos: ``pooled`` N = K (per-frame spatial mean) or
     ``grid`` N = K*h*w (frame-major).  Frames are run through the backbone in chunks of at most
-    ``max_frames`` to bound memory.
+    ``max_frames`` to bound memory.  A clip backbone (``backbone.is_clip_encoder``) runs the clip
+    of each real sampled frame instead (``max_frames // clip_length`` clips per chunk): ``pooled``
+    is its space-time mean, ``grid`` its time mean; padded positions are zeros.
     """
 
     def __init__(self, backbone: Backbone, preprocessing: Preprocessing, kind: str = "image",
@@ -226,16 +270,19 @@ class FeatureExtractor(pl.LightningModule):
         if not batch["ids"]:
             out["features"] = []
             return out
-        grids = [self(chunk) for chunk in torch.split(pixels, self.max_frames)]
-        grid = torch.cat(grids) if len(grids) > 1 else grids[0]  # [sum K, C, h, w]
-        if self.kind == "image":
-            feats = grid.flatten(2).transpose(1, 2).to(self.out_dtype)  # [B, h*w, C]
-            out["features"] = list(feats.cpu().unbind(0))
-            return out
-        if self.video_features == "pooled":
-            per_frame = grid.float().mean(dim=(2, 3))  # [sum K, C]
+        if getattr(self.backbone, "is_clip_encoder", False):
+            per_frame = self._clip_features(batch)  # [sum K, C] or [sum K, h*w, C]
         else:
-            per_frame = grid.flatten(2).transpose(1, 2)  # [sum K, h*w, C]
+            grids = [self(chunk) for chunk in torch.split(pixels, self.max_frames)]
+            grid = torch.cat(grids) if len(grids) > 1 else grids[0]  # [sum K, C, h, w]
+            if self.kind == "image":
+                feats = grid.flatten(2).transpose(1, 2).to(self.out_dtype)  # [B, h*w, C]
+                out["features"] = list(feats.cpu().unbind(0))
+                return out
+            if self.video_features == "pooled":
+                per_frame = grid.float().mean(dim=(2, 3))  # [sum K, C]
+            else:
+                per_frame = grid.flatten(2).transpose(1, 2)  # [sum K, h*w, C]
         per_frame = per_frame.to(self.out_dtype).cpu()
         feats = []
         for chunk, real in zip(torch.split(per_frame, batch["counts"]), batch["real"], strict=True):
@@ -245,8 +292,30 @@ class FeatureExtractor(pl.LightningModule):
             feats.append(chunk.reshape(-1, chunk.shape[-1]))  # [K, C] or [K*h*w, C]
         out["features"] = feats
         if self.video_features == "grid":  # the store counts valid positions, not frames
-            cells = grid.shape[2] * grid.shape[3]
+            cells = per_frame.shape[1]
             out["valid"] = [None if v is None else v * cells for v in batch["valid"]]
+        return out
+
+    def _clip_features(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The clip of every real sampled frame -> [sum K, C] or [sum K, h*w, C]; padding rows zero."""
+        frames = batch["clip_frames"].to(self.device, non_blocking=True)  # uint8 [sum U, 3, S, S]
+        rows, offset = [], 0
+        for index, n in zip(batch["clip_index"], batch["clip_counts"], strict=True):
+            rows.append(index.to(self.device) + offset)  # [K', L] into this batch's frames
+            offset += n
+        index = torch.cat(rows)  # [M, L], M = real clips in the batch
+        per_chunk = max(1, self.max_frames // index.shape[1])
+        parts = []
+        for part in torch.split(index, per_chunk):
+            clips = self.pre.normalize(frames[part]).permute(0, 2, 1, 3, 4).contiguous()  # [m, 3, L, S, S]
+            parts.append(self.backbone.clip_features(clips, self.video_features))
+        feats = torch.cat(parts) if len(parts) > 1 else parts[0]  # [M, C] or [M, h*w, C]
+        out = feats.new_zeros((sum(batch["counts"]), *feats.shape[1:]))
+        start, src = 0, 0
+        for k, index in zip(batch["counts"], batch["clip_index"], strict=True):
+            m = index.shape[0]
+            out[start:start + m] = feats[src:src + m]
+            start, src = start + k, src + m
         return out
 
 
@@ -435,9 +504,16 @@ def stored_ids(features_dir: str | Path) -> set[str]:
 
 
 def store_meta(backbone: Backbone, kind: str, dtype: str) -> dict[str, Any]:
-    """The FeatureStore meta of this backbone + preprocessing: settings, kind, positions N, dim C, grid."""
+    """The FeatureStore meta of this backbone + preprocessing: settings, kind, positions N, dim C, grid.
+
+    Clip encoders: ``settings`` also holds ``clip`` (length, stride, centre, edges) and
+    ``encoder`` the ``clip_length``/``clip_stride`` keys; ``frames`` is K as for 2-D videos.
+    """
     cfg = backbone.cfg
     video = kind == "video"
+    if backbone.is_clip_encoder and not video:
+        raise ConfigError(f"encoder.name={cfg.name} is a 3-D video encoder: it needs data.kind=video "
+                          f"(for images use a 2-D encoder, e.g. encoder=efficientnet_lite0)")
     size = cfg.frame_size if video else cfg.image_size
     channels, h, w = backbone.output_shape(size)
     if not video:
@@ -462,23 +538,6 @@ def unique_items(pairs: Sequence[tuple[str, str]]) -> list[MediaItem]:
         if item_id not in seen:
             seen[item_id] = MediaItem(str(item_id), str(path))
     return list(seen.values())
-
-
-def trainer_kwargs(trainer_cfg: Any) -> dict[str, Any]:
-    """Trainer arguments for predict from a TrainerConfig (training-only fields are ignored)."""
-    kw = {
-        "accelerator": trainer_cfg.accelerator,
-        "devices": trainer_cfg.devices,
-        "strategy": trainer_cfg.strategy,
-        "num_nodes": trainer_cfg.num_nodes,
-        "precision": trainer_cfg.precision,
-        "enable_progress_bar": trainer_cfg.enable_progress_bar,
-        "default_root_dir": trainer_cfg.default_root_dir,
-        "deterministic": trainer_cfg.deterministic,
-    }
-    if trainer_cfg.limit_predict_batches is not None:
-        kw["limit_predict_batches"] = trainer_cfg.limit_predict_batches
-    return kw
 
 
 def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, features_dir: str | Path, *,
@@ -531,22 +590,21 @@ def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, fe
 
 def check_existing_meta(features_dir: str | Path, meta: dict[str, Any]) -> None:
     """Refuse to add to a store written with other settings (another backbone, size, layer...)."""
-    import json
+    from captioning.data.store import settings_diff
+    from captioning.errors import DataError
+    from captioning.utils.io import read_json
 
     path = Path(features_dir) / "meta.json"
     if not path.is_file():
         return
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        old = read_json(path, "feature store meta")
+    except DataError:
         return  # the store reports its own corruption when opened
-    keys = ("settings", "kind", "positions", "dim", "grid", "dtype", "frames")
-    mine = json.loads(json.dumps({k: meta.get(k) for k in keys}))
-    theirs = {k: old.get(k) for k in keys}
-    if mine != theirs:
-        diff = [k for k in keys if mine[k] != theirs[k]]
+    diff = settings_diff(old, meta) if isinstance(old, dict) else {}
+    if diff:
         raise ConfigError(
             f"{features_dir} holds features extracted with other settings ({', '.join(diff)} differ: "
-            f"{ {k: theirs[k] for k in diff} } vs { {k: mine[k] for k in diff} }); set features_dir=<new folder> "
-            f"or delete the old store"
+            f"{ {k: t for k, (t, _) in diff.items()} } vs { {k: m for k, (_, m) in diff.items()} }); "
+            f"set features_dir=<new folder> or delete the old store"
         )
