@@ -85,9 +85,11 @@ def test_karpathy_tokens_used_when_raw_missing(tmp_path):
 def test_msvd_txt_order_split_and_paths(tmp_path, caplog):
     media = tmp_path / "videos"
     media.mkdir()
-    (media / "-7KMZQEsJW4_205_208.mp4").write_bytes(b"")
-    (media / "-7KMZQEsJW4_205_208.mkv").write_bytes(b"")  # .mp4 comes first in the preference order
+    (media / "-7KMZQEsJW4_205_208.MP4").write_bytes(b"")  # the extension in any case
     (media / "-_aaMGK6GGw_57_61.webm").write_bytes(b"")
+    (media / "-8y1Q0rA3n8_108_115.mov").write_bytes(b"")
+    (media / "-8y1Q0rA3n8_108_115.txt").write_bytes(b"")  # not a video: no second candidate
+    (media / "-_hbPLsZvvo_19_25.mp4").mkdir()  # a folder, not a video file
     with caplog.at_level(logging.WARNING):
         ds = read_dataset(cfg_for("msvd", {"all": FIX / "AllVideoDescriptions.txt"}, media_dir=media))
     ids = [r.item_id for r in ds.records]
@@ -100,8 +102,10 @@ def test_msvd_txt_order_split_and_paths(tmp_path, caplog):
     assert recs["-4wsuPCjDBc_5_15"].captions == (
         "a squirrel is eating a peanut in it's shell.", "a chipmunk is eating.", "a squirrel eats a nut.")
     assert recs["-4wsuPCjDBc_5_15"].path == "-4wsuPCjDBc_5_15.avi"  # no file: .avi
-    assert recs["-7KMZQEsJW4_205_208"].path == "-7KMZQEsJW4_205_208.mp4"
+    assert recs["-7KMZQEsJW4_205_208"].path == "-7KMZQEsJW4_205_208.MP4"
     assert recs["-_aaMGK6GGw_57_61"].path == "-_aaMGK6GGw_57_61.webm"
+    assert recs["-8y1Q0rA3n8_108_115"].path == "-8y1Q0rA3n8_108_115.mov"
+    assert recs["-_hbPLsZvvo_19_25"].path == "-_hbPLsZvvo_19_25.avi"
     assert recs["-4wsuPCjDBc_5_15"].source_id == "-4wsuPCjDBc_5_15"
     assert recs["-4wsuPCjDBc_5_15"].extra == {"video": "-4wsuPCjDBc", "start": 5, "end": 15}
     assert all(r.kind == "video" for r in ds.records) and ds.skipped == []
@@ -151,6 +155,61 @@ def test_msrvtt_merge_files_and_splits():
     assert r.source_id == "video0" and r.path == "video0.mp4" and r.kind == "video"
     assert r.captions == ("a car is shown", "a man drives a vehicle through the countryside")
     assert r.extra["category"] == 9
+
+
+def test_video_files_by_id(tmp_path):
+    from captioning.data.media import video_files_by_id
+
+    for name in ("a.mp4", "b.WEBM", "c.Mkv", "d.avi", "e.mov", "f.m4v", "g.mpg", "h.mp4", "h.webm",
+                 "notes.txt", "i.jpg", ".mp4", "j.mp4.part"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "k.mp4").mkdir()
+    assert video_files_by_id(tmp_path) == {
+        "a": ["a.mp4"], "b": ["b.WEBM"], "c": ["c.Mkv"], "d": ["d.avi"], "e": ["e.mov"], "f": ["f.m4v"],
+        "g": ["g.mpg"], "h": ["h.mp4", "h.webm"]}
+    assert video_files_by_id(tmp_path / "missing") == {}
+
+
+@pytest.mark.parametrize("ext", [".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v", ".mpg", ".MP4", ".Mov"])
+def test_msrvtt_finds_each_container(tmp_path, ext):
+    media = tmp_path / "videos"
+    media.mkdir()
+    (media / f"video1{ext}").write_bytes(b"")
+    ds = read_dataset(cfg_for("msrvtt", {"all": FIX / "train_val_videodatainfo.json"}, media_dir=media),
+                      check_files=False)
+    recs = by_id(ds)
+    assert recs["video1"].path == f"video1{ext}"
+    assert recs["video0"].path == "video0.mp4"  # no file: the MSR-VTT default, reported where it is read
+    with pytest.raises(DataError, match=r"video0\.mp4 not found"):
+        read_dataset(cfg_for("msrvtt", {"all": FIX / "train_val_videodatainfo.json"}, media_dir=media),
+                     check_files=True)
+
+
+@pytest.mark.parametrize("fmt", ["msrvtt", "msvd"])
+def test_two_video_files_for_one_id_are_refused_by_name(tmp_path, caplog, fmt):
+    media = tmp_path / "videos"
+    media.mkdir()
+    if fmt == "msrvtt":
+        ann, vid, other = {"all": FIX / "train_val_videodatainfo.json"}, "video1", "video0"
+        record = r"videos\[1\] \(video_id video1\)"
+    else:
+        ann, vid, other = {"all": FIX / "AllVideoDescriptions.txt"}, "-7KMZQEsJW4_205_208", "-4wsuPCjDBc_5_15"
+        record = "clip -7KMZQEsJW4_205_208"
+    for ext in (".mp4", ".webm"):
+        (media / f"{vid}{ext}").write_bytes(b"")
+    (media / f"{other}.mkv").write_bytes(b"")
+    with pytest.raises(DataError) as e:
+        read_dataset(cfg_for(fmt, ann, media_dir=media, on_error="raise"))
+    msg = str(e.value)
+    assert re.search(record, msg), msg
+    assert f"2 video files for this id in {media}: {vid}.mp4, {vid}.webm; keep one of them" in msg
+    assert Path(next(iter(ann.values()))).name in msg and "on_error=skip" in msg and "\n" not in msg
+    with caplog.at_level(logging.WARNING, logger="captioning.data.annotations"):
+        ds = read_dataset(cfg_for(fmt, ann, media_dir=media, on_error="skip"))
+    recs = by_id(ds)
+    assert vid not in recs and recs[other].path == f"{other}.mkv"
+    assert len(ds.skipped) == 1 and f"{vid}.mp4, {vid}.webm" in ds.skipped[0]  # its captions: no 2nd report
+    assert "2 video files for this id" in caplog.text
 
 
 def test_msrvtt_single_all_file():

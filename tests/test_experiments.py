@@ -56,7 +56,7 @@ def test_preset_fast_dev_run(experiment, tmp_path):
     features = fixture_dataset(tmp_path / data, data, annotation, kind, positions)
     proc = run_cli("train", f"experiment={experiment}", f"data.root={tmp_path / data}", f"features_dir={features}",
                    "debug=fast", "data.num_workers=0", "data.batch_size=4", "trainer=cpu",
-                   "callbacks.progress_bar=none", f"hydra.run.dir={tmp_path / 'run'}")
+                   "callbacks.progress=null", f"hydra.run.dir={tmp_path / 'run'}")
     summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
     assert summary["global_step"] == 1, proc.stdout[-2000:]
 
@@ -66,7 +66,7 @@ def test_multirun_sweep_with_the_local_launcher(tiny_images, tmp_path):
 
     sweep = tmp_path / "sweep"
     run_cli("train", "-m", *data_overrides(tiny_images["root"], tiny_images["features_dir"]), "debug=fast",
-            "model=soft_attention,mean_pool", "seed=0,1", "callbacks.progress_bar=none",
+            "model=soft_attention,mean_pool", "seed=0,1", "callbacks.progress=null",
             f"hydra.sweep.dir={sweep}")
     runs = sorted(p.parent.name for p in sweep.glob("*/train_summary.json"))
     assert runs == ["tiny-mean_pool-additive-s0", "tiny-mean_pool-additive-s1",

@@ -150,6 +150,31 @@ def test_containers_and_backends_agree(tmp_path: Path, ext: str, codec: str, fmt
         assert np.abs(f.astype(int) - ref).max() <= 8
 
 
+MPEG_STREAMS = [  # (file name, codec, container format): program streams (.mpg/.vob) and transport streams
+    ("clip.mpg", "mpeg1video", None),
+    ("clip.vob", "mpeg2video", None),
+    ("clip.ts", "libx264", None),
+    ("clip.m2ts", "mpeg2video", None),
+    ("mislabelled.mp4", "mpeg2video", "mpeg"),  # a program stream whatever its name says
+]
+
+
+@pytest.mark.parametrize(("name", "codec", "fmt"), MPEG_STREAMS, ids=[m[0] for m in MPEG_STREAMS])
+def test_mpeg_streams_are_read_by_pyav_never_decord(tmp_path: Path, name: str, codec: str, fmt: str | None) -> None:
+    """decord's seek in an MPEG program stream returns frame 0 for every index (silently), and it
+    cannot open transport streams: ``auto`` reads them with PyAV, ``decord`` refuses them by name."""
+    p = write_video(tmp_path / name, codec, n=12, fps=25, fmt=fmt)
+    wanted = [9, 2, 6, 6, 11]
+    for backend in ("auto", "pyav"):
+        assert video_info(p, backend=backend).num_frames == 12
+        assert frame_ids(read_frames(p, wanted, backend=backend)) == wanted, backend
+    if HAS_DECORD:
+        for call in (lambda: video_info(p, backend="decord"), lambda: read_frames(p, wanted, backend="decord")):
+            with pytest.raises(DataError, match=rf"{p.name.replace('.', r'[.]')} is an MPEG program/transport "
+                                                r"stream.*use backend=pyav or auto"):
+                call()
+
+
 def test_variable_frame_rate(tmp_path: Path) -> None:
     p = write_video(tmp_path / "vfr.mp4", vfr_ms=[40, 100, 20, 200], n=12)
     with av.open(str(p)) as c:  # really variable: the frame gaps differ

@@ -10,8 +10,8 @@
   path = ``filepath/filename`` (``filename`` alone when there is no ``filepath``).
 - ``msvd``: ``AllVideoDescriptions.txt`` (``<vid>_<start>_<end> caption`` lines, ``#`` header
   lines ignored) or the MSR Video Description Corpus csv (English rows only), as
-  ``annotations.all``.  item_id = ``<VideoID>_<Start>_<End>``; path = item_id plus the first of
-  ``.avi .mp4 .webm .mkv`` that exists in ``media_dir`` (``.avi`` when none does).
+  ``annotations.all``.  item_id = ``<VideoID>_<Start>_<End>``; path = the clip's video file in
+  ``media_dir`` (see "Video files" below; ``<item_id>.avi`` when there is none).
   Splits: optional split files ``annotations.train/val/test`` (one clip id per line; clips in no
   file are left out); otherwise the standard split of Venugopalan et al. / Yao et al. by the
   order in which clips first appear: the first 1200 clips train, the next 100 val, the
@@ -20,14 +20,19 @@
   csv, give split files to reproduce the standard split exactly.
 - ``msrvtt``: ``train_val_videodatainfo.json`` / ``test_videodatainfo.json`` (one or several
   files in ``annotations``, merged).  ``validate`` -> ``val``.  item_id = source_id = ``video_id``,
-  path = ``<video_id>.mp4``.
+  path = the video's file in ``media_dir`` (see below; ``<video_id>.mp4`` when there is none).
+
+Video files (every video format, one lookup: ``captioning.data.media.video_files_by_id``): an id's
+file is ``<id>.<ext>`` directly in ``media_dir`` with any container decord/PyAV read (mp4, webm,
+mkv, avi, mov, m4v, mpg, ...; the extension in any case, e.g. ``.MP4``).  An id with two or more
+such files (``video1.mp4`` and ``video1.webm``) is a bad record: which one is meant is unknown.
 
 Bad input (a caption that is empty, not a string or not UTF-8; a caption for an id without a
-media entry; duplicate ids; a path escaping the media root; an unknown split; with
-``check_files=True`` a missing media file) raises a ``DataError`` naming the file and the record
-when ``cfg.on_error == "raise"``; with ``"skip"`` it is logged, skipped and described in
-``DatasetRecords.skipped``.  Items left with no caption are dropped (and counted there).  A file
-that is missing or unreadable as a whole always raises.
+media entry; duplicate ids; a path escaping the media root; an unknown split; a video id with
+several video files; with ``check_files=True`` a missing media file) raises a ``DataError``
+naming the file and the record when ``cfg.on_error == "raise"``; with ``"skip"`` it is logged,
+skipped and described in ``DatasetRecords.skipped``.  Items left with no caption are dropped (and
+counted there).  A file that is missing or unreadable as a whole always raises.
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ import csv
 import io
 import json
 import logging
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -45,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from captioning.config import DataConfig
+from captioning.data.media import video_files_by_id
 from captioning.data.records import CaptionRecord
 from captioning.errors import ConfigError, DataError
 from captioning.utils.io import safe_join
@@ -54,7 +59,6 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 FORMATS = ("coco", "karpathy", "msvd", "msrvtt")
 FORMAT_KIND = {"coco": "image", "karpathy": "image", "msvd": "video", "msrvtt": "video"}
-VIDEO_EXTENSIONS = (".avi", ".mp4", ".webm", ".mkv")
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}
 MSRVTT_SPLITS = {"train": "train", "validate": "val", "val": "val", "test": "test"}
 MSVD_STANDARD = (1200, 100, 670)  # train / val / test clips of the 1970-clip MSVD
@@ -361,7 +365,7 @@ def read_msvd(cfg: DataConfig, problems: _Problems) -> list[Sourced]:
         clips = _parse_msvd_txt(text, file, problems)
 
     splits = _msvd_splits(cfg, list(clips), file, problems)
-    ext_of = _video_extensions(cfg.media_dir)
+    videos = video_files_by_id(cfg.media_dir)
     records = []
     for clip_id, caps in clips.items():
         split = splits.get(clip_id)
@@ -370,7 +374,7 @@ def read_msvd(cfg: DataConfig, problems: _Problems) -> list[Sourced]:
         if not caps:
             problems.dropped(file, f"clip {clip_id}")
             continue
-        path = _safe_path(cfg.media_dir, clip_id + ext_of.get(clip_id, ".avi"), file, f"clip {clip_id}", problems)
+        path = _video_path(cfg.media_dir, videos, clip_id, ".avi", file, f"clip {clip_id}", problems)
         if path is None:
             continue
         m = _CLIP_ID.match(clip_id)
@@ -478,20 +482,19 @@ def _msvd_splits(cfg: DataConfig, order: list[str], file: str, problems: _Proble
     return {c: ("train" if i < n_train else "val" if i < n_train + n_val else "test") for i, c in enumerate(order)}
 
 
-def _video_extensions(media_dir: str) -> dict[str, str]:
-    """stem -> extension of the video files in ``media_dir`` (first of VIDEO_EXTENSIONS that exists)."""
-    try:
-        names = os.listdir(media_dir)
-    except OSError:
-        return {}
-    found: dict[str, str] = {}
-    rank = {e: i for i, e in enumerate(VIDEO_EXTENSIONS)}
-    for name in names:
-        stem, ext = os.path.splitext(name)
-        ext = ext.lower()
-        if ext in rank and (stem not in found or rank[ext] < rank[found[stem]]):
-            found[stem] = ext
-    return found
+def _video_path(media_dir: str, files: dict[str, list[str]], video_id: str, default_ext: str,
+                file: str | Path, record: str, problems: _Problems) -> str | None:
+    """The file name of ``video_id``'s video (``files``: ``video_files_by_id(media_dir)``).
+
+    ``<video_id><default_ext>`` when no file exists (it is then reported missing where it is
+    read); None, after reporting, when several files claim the id or the path escapes the root.
+    """
+    names = files.get(video_id, [])
+    if len(names) > 1:
+        problems.bad(file, record, f"{len(names)} video files for this id in {media_dir}: {', '.join(names)}; "
+                                   f"keep one of them (move the others out of data.media_dir)")
+        return None
+    return _safe_path(media_dir, names[0] if names else video_id + default_ext, file, record, problems)
 
 
 # --------------------------------------------------------------------------- MSR-VTT
@@ -499,6 +502,7 @@ def read_msrvtt(cfg: DataConfig, problems: _Problems) -> list[Sourced]:
     """MSR-VTT ``*_videodatainfo.json`` files (every file in ``annotations``, merged)."""
     if not cfg.annotations or not any(cfg.annotations.values()):
         _require(cfg, ["all"], "data.annotations.all=data/msrvtt/train_val_videodatainfo.json")
+    files = video_files_by_id(cfg.media_dir)
     videos: dict[str, dict] = {}
     rejected: set[str] = set()  # reported video entries: their sentences go without a second report
     sentences: list[tuple[str, str, Any]] = []  # (file, record, sentence)
@@ -526,7 +530,7 @@ def read_msrvtt(cfg: DataConfig, problems: _Problems) -> list[Sourced]:
             if vid in videos:
                 problems.bad(file, record, f"duplicate video_id (already in {videos[vid]['file']})")
                 continue
-            path = _safe_path(cfg.media_dir, f"{vid}.mp4", file, record, problems)
+            path = _video_path(cfg.media_dir, files, vid, ".mp4", file, record, problems)
             if path is None:
                 rejected.add(vid)
                 continue

@@ -21,12 +21,17 @@ Conversions done by ``load_image``:
 
 Truncated, corrupt, zero-byte and non-image files raise ``DataError`` naming the file.
 Pillow's global ``ImageFile.LOAD_TRUNCATED_IMAGES`` is not changed (keep it False).
+
+Videos: ``video_files_by_id(media_dir)`` finds a dataset's video files by id in any container
+decord/PyAV read (``VIDEO_EXTENSIONS``, matched case-insensitively); every video annotation
+reader resolves its ids through it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import struct
 import warnings
 from pathlib import Path
@@ -51,6 +56,26 @@ _ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, TypeError, KeyError, struct.error,
                   Image.DecompressionBombError, MemoryError)
+
+
+def video_files_by_id(media_dir: str | Path) -> dict[str, list[str]]:
+    """Video files directly in ``media_dir`` grouped by id: ``{"video7": ["video7.webm"], ...}``.
+
+    A file's id is its name without the extension; any extension of ``VIDEO_EXTENSIONS`` counts, in
+    any case (``clip.MP4``, ``clip.mov``).  Names are returned as they are on disk, sorted; an id
+    with several files (``clip.mp4`` and ``clip.webm``) lists them all, for the caller to refuse.
+    A missing or unreadable folder gives ``{}``.
+    """
+    found: dict[str, list[str]] = {}
+    try:
+        with os.scandir(media_dir) as entries:
+            for entry in entries:
+                stem, ext = os.path.splitext(entry.name)
+                if stem and ext.lower() in VIDEO_EXTENSIONS and entry.is_file():
+                    found.setdefault(stem, []).append(entry.name)
+    except OSError:
+        return {}
+    return {stem: sorted(names) for stem, names in found.items()}
 
 
 def media_kind(path: str | Path) -> str | None:

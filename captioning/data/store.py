@@ -113,6 +113,32 @@ def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix or "<root>"]
 
 
+def _at(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def settings_diff(theirs: Mapping[str, Any], mine: Mapping[str, Any],
+                  keys: Sequence[str] = COMPARED_KEYS) -> dict[str, tuple[Any, Any]]:
+    """How two feature metas differ: ``{dotted key: (theirs, mine)}``, empty when they agree.
+
+    The one "same feature settings?" check (store writers, extraction, checkpoints, the caption
+    job's rebuilt backbone).  Only ``keys`` are compared, as plain JSON (a tuple equals a list);
+    a missing ``format_version`` or ``dtype`` counts as its default (1, float16).
+    """
+    defaults = {"format_version": 1, "dtype": "float16"}  # what a meta without them was written as
+    a = json.loads(json.dumps({k: theirs.get(k, defaults.get(k)) for k in keys}, default=str))
+    b = json.loads(json.dumps({k: mine.get(k, defaults.get(k)) for k in keys}, default=str))
+    return {path: (_at(a, path), _at(b, path)) for path in _diff_keys(a, b)}
+
+
+def describe_diff(diff: Mapping[str, Any], limit: int = 8) -> str:
+    """``"settings.weights, dim"`` (at most ``limit`` keys, then ``(+n more)``)."""
+    keys = list(diff)
+    return ", ".join(keys[:limit]) + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")
+
+
 def build_meta(meta: Mapping[str, Any], dtype: str | None = None) -> dict[str, Any]:
     """Validate a writer's meta and complete it (dtype, format); returns a plain JSON dict."""
     if not isinstance(meta, Mapping):
@@ -167,15 +193,11 @@ def _read_meta(root: Path) -> dict[str, Any]:
 
 
 def _check_compatible(root: Path, stored: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
-    defaults = {"format_version": 1, "dtype": "float16"}
-    a = {k: stored.get(k, defaults.get(k)) for k in COMPARED_KEYS}
-    b = {k: mine.get(k, defaults.get(k)) for k in COMPARED_KEYS}
-    diff = _diff_keys(a, b)
+    diff = settings_diff(stored, mine)
     if diff:
-        shown = ", ".join(diff[:8]) + (f" (+{len(diff) - 8} more)" if len(diff) > 8 else "")
         raise DataError(
-            f"feature store {root} was written with other settings ({shown} differ); it refuses to mix "
-            f"features from different settings: use a new output dir or delete {root}"
+            f"feature store {root} was written with other settings ({describe_diff(diff)} differ); it refuses "
+            f"to mix features from different settings: use a new output dir or delete {root}"
         )
 
 

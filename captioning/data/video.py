@@ -9,10 +9,14 @@ Backends: ``"decord"`` (fast random access), ``"pyav"`` (sequential decoding fro
 frame order, also for variable frame rate; slower for far-away frames of long videos) and
 ``"auto"``: decord when installed and able to read the file, else PyAV.  Frame indices count
 decoded frames in presentation order from 0; with ``"auto"`` both functions pick the same backend
-for a given file, so indices from ``video_info`` are valid for ``read_frames``.  When a
-container's frame count overstates the frames PyAV can decode, indices past the end are given the
-last decoded frame.  decord's array bridge is left at its default (nothing global is changed).
-Container rotation metadata is not applied.
+for a given file, so indices from ``video_info`` are valid for ``read_frames``.  MPEG program and
+transport streams (``.mpg``, ``.mpeg``, ``.vob``, ``.ts``, ``.m2ts``, recognised by their first
+bytes whatever the extension) always go to PyAV: decord's seek in a program stream silently
+returns the first frame for every index, and it cannot open transport streams
+(``backend=decord`` refuses them with a DataError).  When a container's frame count overstates
+the frames PyAV can decode, indices past the end are given the last decoded frame.  decord's
+array bridge is left at its default (nothing global is changed).  Container rotation metadata is
+not applied.
 """
 
 from __future__ import annotations
@@ -126,8 +130,29 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {line}"[:300] if line else type(e).__name__
 
 
-def _use_decord(backend: str) -> bool:
-    return backend == "decord" or (backend == "auto" and _decord() is not None)
+def _mpeg_stream(p: Path) -> bool:
+    """True for an MPEG program stream (pack header ``00 00 01 BA``) or transport stream (sync byte
+    0x47 every 188 bytes, or every 192 for M2TS), whose frames decord cannot seek to."""
+    try:
+        with open(p, "rb") as f:
+            head = f.read(197)
+    except OSError:
+        return False  # the backend reports the file
+    if head[:4] == b"\x00\x00\x01\xba":
+        return True
+    return any(len(head) > start + size and head[start] == head[start + size] == 0x47
+               for start, size in ((0, 188), (4, 192)))
+
+
+def _use_decord(backend: str, p: Path) -> bool:
+    if backend == "pyav" or (backend == "auto" and _decord() is None):
+        return False
+    if _mpeg_stream(p):
+        if backend == "decord":
+            raise DataError(f"video {p} is an MPEG program/transport stream, in which decord cannot seek to a "
+                            f"frame (it returns wrong frames): use backend=pyav or auto")
+        return False
+    return True
 
 
 def video_info(path: str | Path, backend: str = "auto") -> VideoInfo:
@@ -135,7 +160,7 @@ def video_info(path: str | Path, backend: str = "auto") -> VideoInfo:
     p = check_media_file(path, "video")
     _check_backend(backend)
     decord_error = None
-    if _use_decord(backend):
+    if _use_decord(backend, p):
         try:
             return _decord_info(p)
         except Exception as e:
@@ -162,7 +187,7 @@ def read_frames(path: str | Path, indices: Sequence[int], backend: str = "auto")
     if not idx:
         return np.zeros((0, 0, 0, 3), dtype=np.uint8)
     decord_error = None
-    if _use_decord(backend):
+    if _use_decord(backend, p):
         try:
             return _decord_frames(p, idx)
         except DataError:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -13,14 +16,17 @@ from captioning.errors import DataError
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp_path)`` then atomically rename the temp file onto ``path``.
+    """Call ``write(tmp_path)``, fsync the temp file, then atomically rename it onto ``path``.
 
     A crash (or a full disk) during ``write`` leaves any previous ``path`` intact and
-    no partial file under the final name.
+    no partial file under the final name.  The temp file sits beside ``path`` as
+    ``.<name>.<host>-<pid>.<random>.tmp``; one that a killed process of this host left for the
+    same ``path`` is deleted by the next write of ``path``.  An ``OSError`` names ``path``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_writer()}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -31,10 +37,48 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         os.replace(tmp_path, path)
     except BaseException as e:
         tmp_path.unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename is None:
-            e.filename = str(path)  # name the file for the error message (f.write errors carry none)
+        if isinstance(e, OSError) and (e.filename is None or str(e.filename) == tmp):
+            e.filename = str(path)  # name the file for the error message, not its temp file
         raise
     return path
+
+
+def _writer() -> str:
+    """``<host>-<pid>`` of this process, for temp file names (host reduced to [A-Za-z0-9_])."""
+    return f"{re.sub(r'[^A-Za-z0-9]', '_', socket.gethostname())}-{os.getpid()}"
+
+
+def remove_stale_temps(path: str | Path) -> list[Path]:
+    """Delete the temp files of ``path`` (see ``atomic_write``) whose writer, a process of this
+    host, is gone; temp files of live processes or of other hosts are left alone.  Returns them."""
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.([A-Za-z0-9_]+)-(\d+)\.[^.]+\.tmp")
+    host = _writer().rsplit("-", 1)[0]
+    removed = []
+    try:
+        entries = os.scandir(path.parent)
+    except OSError:
+        return removed
+    with entries:
+        for entry in entries:
+            m = pattern.fullmatch(entry.name)
+            if m and m.group(1) == host and not _alive(int(m.group(2))):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _umask() -> int:
@@ -51,18 +95,27 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 1) -> Pat
     return atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False))
 
 
-def read_json(path: str | Path, what: str = "JSON file") -> Any:
-    """Load JSON, turning a missing file or a syntax error into a DataError naming the file."""
+def read_json(path: str | Path, what: str = "JSON file", *, hint: str = "check the path in your config",
+              errors: str = "strict") -> Any:
+    """Load a JSON file; a missing, unreadable, non-UTF-8 or malformed file raises a DataError naming it.
+
+    hint: the fix suggested for a missing file.  A leading byte-order mark is ignored.
+    ``errors="surrogateescape"`` keeps bytes that are not UTF-8 as lone surrogates, so that a
+    reader can report (and skip) the record holding them instead of failing the whole file.
+    """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{what} not found: {path} (check the path in your config)")
+        raise DataError(f"{what} not found: {path} ({hint})")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        text = path.read_bytes().decode("utf-8", errors=errors).removeprefix("\ufeff")
+    except OSError as e:
+        raise DataError(f"cannot read {what} {path}: {e}") from None
     except UnicodeDecodeError as e:
-        raise DataError(f"{what} {path} is not UTF-8 text: {e}") from e
+        raise DataError(f"{what} {path} is not UTF-8 text: {e}") from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"{what} {path} is malformed JSON at line {e.lineno} col {e.colno}: {e.msg}") from e
+        raise DataError(f"{what} {path} is malformed JSON at line {e.lineno} col {e.colno}: {e.msg}") from None
 
 
 def safe_join(root: str | Path, relative: str, source: str = "annotation") -> Path:
