@@ -1,14 +1,26 @@
-"""``make reproduce``: test the seed papers' qualitative claims on the embedded synthetic data.
+"""``make reproduce``: test the seed papers' claims on the embedded synthetic data.
 
-Claims (each variant x 3 seeds, mean +- std over seeds):
-1. Yao et al. 2015: temporal attention beats mean pooling when the caption depends on the
-   ORDER of events (``moving_shapes``; CIDEr, BLEU-4).
-2. Bahdanau et al. 2014: attention beats a fixed context vector as captions get longer
-   (``shapes``; BLEU-4 by reference length, soft attention vs mean pooling / show-tell).
-3. Xu et al. 2015: soft and hard attention both ground words in the right place (attention
-   mass in the named object, pointing accuracy, against uniform-attention chance), and the
-   doubly stochastic term spreads attention over the image (coverage entropy, lambda 1 vs 0).
-4. Additive vs dot-product scoring.
+The data are built so that attention is NEEDED (``captioning.data.synthetic``): ``shapes``
+captions bind each colour to its shape and list 2-6 objects left to right, and the colours and
+shapes recur in other pairings, so the bag of words a mean-pooled feature keeps does not give
+the caption away; ``moving_shapes`` videos show two brief events, and a video and its partner
+hold the same frames in the other order, so mean pooling over frames is at chance on order.
+
+Claims (each variant x 3 seeds, mean +- std over seeds; structure metrics from the grounding
+metadata, see ``captioning.evaluation.structure``):
+
+1. Xu et al. / Bahdanau et al.: soft attention beats a fixed mean-pooled context (CIDEr and
+   colour-shape binding accuracy), and its lead grows with caption length (BLEU-4 of the longest
+   vs the shortest reference-length bin).
+2. Xu et al.: soft and hard attention look at the object a word names (pointing accuracy for
+   object words, against uniform-attention chance; soft >= 0.6); the doubly stochastic term at
+   the paper's scale vs lambda = 0 (coverage entropy, pointing).
+3. Additive vs Luong's general (bilinear) scoring.
+4. Yao et al.: order-aware temporal attention (a time code per frame) names the events in the
+   right order (event-order accuracy >= 0.9) where mean pooling is at chance; its attention
+   lies in the events' frames (attention in span and pointing >= 2x chance); the same model
+   WITHOUT the time code is at chance on order too (the code is what carries time).
+5. Every other registered decoder (e.g. the Transformer) runs on both datasets as one more row.
 
 Every run is the real CLI (``captioning-train`` then ``captioning-evaluate``); runs that
 finished before are reused (their ``metrics.json`` exists), so an interrupted reproduction
@@ -21,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import subprocess
 import sys
@@ -31,26 +42,42 @@ from pathlib import Path
 
 import numpy as np
 
+from captioning.utils.io import atomic_write_json, atomic_write_text, read_json
+
 
 @dataclass
 class Variant:
     name: str
     data: str
     overrides: list[str] = field(default_factory=list)
+    lstm: bool = True  # the budget's LSTM sizes apply (other decoders keep their conf/model sizes)
 
 
+# spatial attention sees WHERE each region is (a 2-D code) and temporal attention WHEN each frame is
+SOFT = ["model=soft_attention", "model.position_code=sinusoidal"]
 IMAGE_VARIANTS = [
-    Variant("soft_additive", "shapes", ["model=soft_attention", "model.scoring=additive"]),
-    Variant("soft_dot", "shapes", ["model=soft_attention", "model.scoring=dot"]),
-    Variant("soft_additive_no_ds", "shapes", ["model=soft_attention", "model.doubly_stochastic=0.0"]),
-    Variant("hard_additive", "shapes", ["model=hard_attention"]),
+    Variant("soft_additive", "shapes", SOFT),
+    Variant("soft_general", "shapes", [*SOFT, "model.scoring=general"]),
+    Variant("soft_additive_no_ds", "shapes", [*SOFT, "model.doubly_stochastic=0.0"]),
+    Variant("hard_additive", "shapes", ["model=hard_attention", "model.position_code=sinusoidal"]),
     Variant("mean_pool", "shapes", ["model=mean_pool"]),
     Variant("show_tell", "shapes", ["model=show_tell"]),
 ]
 VIDEO_VARIANTS = [
     Variant("temporal_attention", "moving_shapes", ["model=temporal_attention"]),
+    Variant("temporal_order_blind", "moving_shapes", ["model=temporal_attention", "model.position_code=none"]),
     Variant("mean_pool", "moving_shapes", ["model=mean_pool"]),
 ]
+NO_ATTENTION = ("mean_pool", "show_tell")
+
+
+def registered_variants() -> list[Variant]:
+    """One row per dataset for every registered decoder other than the LSTM family (its own
+    ``conf/model/<name>.yaml``, its own sizes)."""
+    from captioning.models.decoders import decoder_names
+
+    return [Variant(name, data, [f"model={name}"], lstm=False)
+            for name in decoder_names() if name != "lstm" for data in ("shapes", "moving_shapes")]
 
 
 @dataclass
@@ -63,9 +90,9 @@ class Budget:
     hidden: int
 
 
-# Sized so that `make reproduce` (24 training runs + their evaluations) takes < 60 min on 2 CPU cores.
-FULL = Budget(seeds=(0, 1, 2), images=1500, videos=600, image_epochs=6, video_epochs=15, hidden=128)
-QUICK = Budget(seeds=(0, 1), images=400, videos=160, image_epochs=4, video_epochs=6, hidden=64)
+# Sized so that `make reproduce` takes about an hour on 2 CPU cores.
+FULL = Budget(seeds=(0, 1, 2), images=3000, videos=600, image_epochs=6, video_epochs=10, hidden=256)
+QUICK = Budget(seeds=(0, 1), images=600, videos=160, image_epochs=4, video_epochs=6, hidden=64)
 
 
 def cli(module: str, *args: str) -> None:
@@ -91,45 +118,61 @@ def coverage_entropy(predictions: list[dict]) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
+STRUCTURE_KEYS = ("binding_accuracy", "chance_binding_accuracy", "order_accuracy", "chance_order_accuracy",
+                  "event_order_accuracy", "chance_event_order_accuracy", "object_recall", "event_recall",
+                  "captions_ordered")
+GROUNDING_KEYS = ("attention_in_object", "chance_attention_in_object", "pointing_accuracy",
+                  "chance_pointing_accuracy")
+
+
 def run_variant(v: Variant, seed: int, b: Budget, out: Path) -> dict:
     run = out / "runs" / f"{v.data}-{v.name}-s{seed}"
     ev = run / "eval"
     reused = (ev / "metrics.json").is_file()
     if not reused:
         epochs = b.image_epochs if v.data == "shapes" else b.video_epochs
-        cli("train", f"data={v.data}", *v.overrides, f"seed={seed}", f"trainer.max_epochs={epochs}",
-            f"model.hidden_dim={b.hidden}", f"model.embed_dim={b.hidden // 2}", f"model.attention_dim={b.hidden // 2}",
-            "optim.lr=1e-3",
-            "callbacks.early_stopping=false", "callbacks.progress_bar=none", "logger=csv",
+        sizes = [f"model.hidden_dim={b.hidden}", f"model.embed_dim={b.hidden // 2}",
+                 f"model.attention_dim={b.hidden // 2}"] if v.lstm else []
+        cli("train", f"data={v.data}", *v.overrides, *sizes, f"seed={seed}", f"trainer.max_epochs={epochs}",
+            "optim.lr=1e-3", "callbacks.early_stopping=null", "callbacks.progress=null", "logger=csv",
             "trainer.enable_progress_bar=false", f"hydra.run.dir={run}")
-        summary = json.loads((run / "train_summary.json").read_text())
+        summary = read_json(run / "train_summary.json", "training summary")
         cli("evaluate", f"ckpt_path={summary['best_checkpoint'] or summary['last_checkpoint']}", "split=test",
             "decode=beam", "decode.beam_size=3", "metrics=[bleu,rouge,cider]", f"output_dir={ev}",
             "trainer.enable_progress_bar=false", f"hydra.run.dir={run}/hydra_eval")
-    metrics = json.loads((ev / "metrics.json").read_text())
-    report = json.loads((ev / "report.json").read_text())
-    predictions = json.loads((ev / "predictions.json").read_text())
+    metrics = read_json(ev / "metrics.json", "metrics")
+    report = read_json(ev / "report.json", "evaluation report")
+    predictions = read_json(ev / "predictions.json", "predictions")
     row = {"variant": v.name, "data": v.data, "seed": seed, "reused": reused, **metrics,
            "coverage_entropy": coverage_entropy(predictions)}
     g = report.get("grounding") or {}
-    for k in ("attention_in_object", "chance_attention_in_object", "pointing_accuracy", "chance_pointing_accuracy"):
-        if k in g:
-            row[k] = g[k]
-    row["by_length"] = report.get("by_length") or report.get("metrics_by_length")
+    row.update({k: g[k] for k in GROUNDING_KEYS if g.get(k) is not None})
+    st = report.get("structure") or {}
+    row.update({k: st[k] for k in STRUCTURE_KEYS if st.get(k) is not None})
+    counts = st.get("by_count") or {}
+    if counts:  # binding accuracy with the fewest and the most objects of an image
+        lo, hi = min(counts, key=int), max(counts, key=int)
+        for name, key in (("fewest", lo), ("most", hi)):
+            if counts[key].get("binding_accuracy") is not None:
+                row[f"binding_{name}"] = counts[key]["binding_accuracy"]
+    row["by_length"] = report.get("by_length")
     bins = [b for b in row["by_length"] or [] if b.get("count") and b.get("Bleu_4") is not None]
     if bins:  # Bahdanau et al.'s figure, reduced to its two ends
         row["Bleu_4_shortest"], row["Bleu_4_longest"] = bins[0]["Bleu_4"], bins[-1]["Bleu_4"]
     return row
 
 
+TABLE_KEYS = ("Bleu_4", "CIDEr", "ROUGE_L", *GROUNDING_KEYS, *STRUCTURE_KEYS, "coverage_entropy",
+              "Bleu_4_shortest", "Bleu_4_longest", "binding_fewest", "binding_most")
+
+
 def aggregate(rows: list[dict]) -> list[dict]:
-    keys = ["Bleu_4", "CIDEr", "ROUGE_L", "attention_in_object", "chance_attention_in_object",
-            "pointing_accuracy", "chance_pointing_accuracy", "coverage_entropy", "Bleu_4_shortest", "Bleu_4_longest"]
+    """Mean and (population) std over seeds of every numeric metric, per (data, variant)."""
     table = []
     for (data, name) in dict.fromkeys((r["data"], r["variant"]) for r in rows):
         group = [r for r in rows if r["data"] == data and r["variant"] == name]
         entry = {"data": data, "variant": name, "seeds": len(group)}
-        for k in keys:
+        for k in TABLE_KEYS:
             vals = [r[k] for r in group if isinstance(r.get(k), (int, float)) and not math.isnan(r[k])]
             if vals:
                 entry[k] = (float(np.mean(vals)), float(np.std(vals)))
@@ -141,78 +184,134 @@ def fmt(v) -> str:
     return "-" if v is None else f"{v[0]:.3f} ± {v[1]:.3f}"
 
 
+def _with_chance(e: dict, key: str) -> str:
+    if e.get(key) is None:
+        return "n/a (no attention)" if e["variant"] in NO_ATTENTION and "chance_" + key in GROUNDING_KEYS else "-"
+    return f"{fmt(e.get(key))} ({fmt(e.get('chance_' + key))})"
+
+
 def write_tables(table: list[dict], rows: list[dict], out: Path, budget: Budget, seconds: float) -> Path:
     lines = [f"Seeds: {list(budget.seeds)}; {budget.images} images / {budget.videos} videos; "
-             f"{budget.image_epochs} / {budget.video_epochs} epochs; hidden {budget.hidden}; "
+             f"{budget.image_epochs} / {budget.video_epochs} epochs; LSTM hidden {budget.hidden}; "
              f"test split, beam 3. This invocation: {seconds / 60:.1f} min, {sum(not r['reused'] for r in rows)} "
              f"runs trained, {sum(r['reused'] for r in rows)} reused from an earlier invocation.", ""]
-    lines += ["| data | variant | BLEU-4 | CIDEr | attention in object (chance) | pointing (chance) | coverage entropy |",
-              "|---|---|---|---|---|---|---|"]
-    for e in table:
-        att = f"{fmt(e.get('attention_in_object'))} ({fmt(e.get('chance_attention_in_object'))})"
-        pnt = f"{fmt(e.get('pointing_accuracy'))} ({fmt(e.get('chance_pointing_accuracy'))})"
-        if e["variant"] in ("mean_pool", "show_tell"):
-            att = pnt = "n/a (no attention)"
-        lines.append(f"| {e['data']} | {e['variant']} | {fmt(e.get('Bleu_4'))} | {fmt(e.get('CIDEr'))} | {att} | "
-                     f"{pnt} | {fmt(e.get('coverage_entropy'))} |")
-    by_length = [e for e in table if "Bleu_4_longest" in e]
+    images = [e for e in table if e["data"] == "shapes"]
+    videos = [e for e in table if e["data"] == "moving_shapes"]
+    if images:
+        lines += ["shapes (images): metric (chance)", "",
+                  "| variant | BLEU-4 | CIDEr | binding acc. | order acc. | pointing | attention in object | "
+                  "coverage entropy |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {e['variant']} | {fmt(e.get('Bleu_4'))} | {fmt(e.get('CIDEr'))} | "
+                  f"{_with_chance(e, 'binding_accuracy')} | {_with_chance(e, 'order_accuracy')} | "
+                  f"{_with_chance(e, 'pointing_accuracy')} | {_with_chance(e, 'attention_in_object')} | "
+                  f"{fmt(e.get('coverage_entropy'))} |" for e in images]
+    if videos:
+        lines += ["", "moving_shapes (videos): metric (chance)", "",
+                  "| variant | BLEU-4 | CIDEr | event-order acc. | pointing | attention in span | event recall |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {e['variant']} | {fmt(e.get('Bleu_4'))} | {fmt(e.get('CIDEr'))} | "
+                  f"{_with_chance(e, 'event_order_accuracy')} | {_with_chance(e, 'pointing_accuracy')} | "
+                  f"{_with_chance(e, 'attention_in_object')} | {fmt(e.get('event_recall'))} |" for e in videos]
+    by_length = [e for e in images if "Bleu_4_longest" in e]
     if by_length:
-        lines += ["", "BLEU-4 in the shortest and the longest reference-length bin (see bleu_by_length.png):", "",
-                  "| data | variant | shortest bin | longest bin |", "|---|---|---|---|"]
-        lines += [f"| {e['data']} | {e['variant']} | {fmt(e.get('Bleu_4_shortest'))} | {fmt(e.get('Bleu_4_longest'))} |"
-                  for e in by_length]
-    lines += ["", "Claims (REPRODUCED: the difference exceeds the sum of the two stds over seeds):"]
+        lines += ["", "By length: BLEU-4 in the shortest and the longest reference-length bin (see "
+                  "bleu_by_length.png), binding accuracy with the fewest and the most objects:", "",
+                  "| variant | BLEU-4 shortest | BLEU-4 longest | binding, fewest objects | binding, most objects |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {e['variant']} | {fmt(e.get('Bleu_4_shortest'))} | {fmt(e.get('Bleu_4_longest'))} | "
+                  f"{fmt(e.get('binding_fewest'))} | {fmt(e.get('binding_most'))} |" for e in by_length]
+    lines += ["", "Claims (REPRODUCED: a difference beyond the sum of the two stds over seeds; a threshold "
+              "met by the mean minus its std; 'within chance': within two binomial standard errors of the "
+              "chance level over the scored test captions):"]
     lines += claims(table)
     path = out / "results.md"
-    path.write_text("\n".join(lines) + "\n")
-    (out / "results.json").write_text(json.dumps({"table": table, "runs": rows}, indent=1))
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    atomic_write_json(out / "results.json", {"table": table, "runs": rows})
     return path
 
 
+# ---------------------------------------------------------------------------------- verdicts
+
+
+def beats(a: tuple[float, float] | None, b: tuple[float, float] | None) -> str:
+    """``a`` > ``b``: REPRODUCED beyond the seed spread, INCONCLUSIVE within it, else NOT."""
+    if a is None or b is None:
+        return "not measured"
+    sep = abs(a[0] - b[0]) > (a[1] + b[1])
+    if a[0] > b[0]:
+        return "REPRODUCED" if sep else "INCONCLUSIVE (right direction, within std)"
+    return "NOT reproduced" + (" (reversed beyond std)" if sep else " (within std)")
+
+
+def at_least(a: tuple[float, float] | None, threshold: float) -> str:
+    """mean >= threshold: REPRODUCED when mean - std clears it too, INCONCLUSIVE when only the mean does."""
+    if a is None:
+        return "not measured"
+    if a[0] - a[1] >= threshold:
+        return "REPRODUCED"
+    return "INCONCLUSIVE (mean above, within std)" if a[0] >= threshold else "NOT reproduced"
+
+
+def within_chance(a: tuple[float, float] | None, chance: tuple[float, float] | None, n: float | None) -> str:
+    """|a - chance| <= 2 binomial standard errors of a proportion near chance over n captions."""
+    if a is None or chance is None or not n:
+        return "not measured"
+    se = math.sqrt(max(chance[0] * (1 - chance[0]), 1e-12) / n)
+    return "REPRODUCED" if abs(a[0] - chance[0]) <= 2 * se else "NOT reproduced (away from chance)"
+
+
 def claims(table: list[dict]) -> list[str]:
-    def get(data, variant, key):
+    def get(data: str, variant: str, key: str):
         for e in table:
             if e["data"] == data and e["variant"] == variant and key in e:
                 return e[key]
         return None
 
-    out = []
+    def num(x) -> str:
+        return "-" if x is None else f"{x[0]:.3f}"
 
-    def verdict(text, a, b):
-        if a is None or b is None:
-            out.append(f"- {text}: not measured")
-            return
-        held = a[0] > b[0]
-        sep = abs(a[0] - b[0]) > (a[1] + b[1])
-        if held and sep:
-            word = "REPRODUCED"
-        elif held:
-            word = "INCONCLUSIVE (right direction, within std)"
-        else:
-            word = "NOT reproduced" + (" (reversed beyond std)" if sep else " (within std)")
-        out.append(f"- {text}: {word} ({a[0]:.3f} vs {b[0]:.3f})")
+    def scaled(x, factor: float):
+        return None if x is None else (x[0] * factor, x[1] * factor)
 
-    def gap(key: str) -> tuple[float, float] | None:
+    def gap(key: str):
         a, b = get("shapes", "soft_additive", key), get("shapes", "mean_pool", key)
         return None if a is None or b is None else (a[0] - b[0], a[1] + b[1])
 
-    verdict("temporal attention > mean pooling on moving_shapes (CIDEr)",
-            get("moving_shapes", "temporal_attention", "CIDEr"), get("moving_shapes", "mean_pool", "CIDEr"))
-    verdict("soft attention > mean pooling on shapes (BLEU-4)",
-            get("shapes", "soft_additive", "Bleu_4"), get("shapes", "mean_pool", "Bleu_4"))
-    verdict("attention's BLEU-4 lead over mean pooling grows with caption length (longest vs shortest bin)",
-            gap("Bleu_4_longest"), gap("Bleu_4_shortest"))
-    verdict("soft attention grounds words above chance (attention in object)",
-            get("shapes", "soft_additive", "attention_in_object"), get("shapes", "soft_additive", "chance_attention_in_object"))
-    verdict("hard attention grounds words above chance (pointing)",
-            get("shapes", "hard_additive", "pointing_accuracy"), get("shapes", "hard_additive", "chance_pointing_accuracy"))
-    verdict("doubly stochastic term spreads attention (coverage entropy, lambda=1 vs 0)",
-            get("shapes", "soft_additive", "coverage_entropy"), get("shapes", "soft_additive_no_ds", "coverage_entropy"))
-    verdict("additive vs dot scoring (CIDEr; additive first)",
-            get("shapes", "soft_additive", "CIDEr"), get("shapes", "soft_dot", "CIDEr"))
-    verdict("temporal attention grounds events above chance (pointing)",
-            get("moving_shapes", "temporal_attention", "pointing_accuracy"),
-            get("moving_shapes", "temporal_attention", "chance_pointing_accuracy"))
+    s, v = "shapes", "moving_shapes"
+    out = []
+
+    def line(text: str, verdict: str, *values) -> None:
+        out.append(f"- {text}: {verdict} ({' vs '.join(num(x) for x in values)})")
+
+    for key, what in (("CIDEr", "CIDEr"), ("binding_accuracy", "binding accuracy")):
+        a, b = get(s, "soft_additive", key), get(s, "mean_pool", key)
+        line(f"soft attention > mean pooling on shapes ({what})", beats(a, b), a, b)
+    a, b = gap("Bleu_4_longest"), gap("Bleu_4_shortest")
+    line("attention's BLEU-4 lead over mean pooling grows with caption length (longest vs shortest bin)",
+         beats(a, b), a, b)
+    a = get(s, "soft_additive", "pointing_accuracy")
+    line("soft attention points at the object a word names (pointing >= 0.6)", at_least(a, 0.6), a,
+         get(s, "soft_additive", "chance_pointing_accuracy"))
+    a, c = get(s, "hard_additive", "pointing_accuracy"), get(s, "hard_additive", "chance_pointing_accuracy")
+    line("hard attention points above chance", beats(a, c), a, c)
+    a, b = get(s, "soft_additive", "coverage_entropy"), get(s, "soft_additive_no_ds", "coverage_entropy")
+    line("doubly stochastic term (paper scale) spreads attention vs lambda=0 (coverage entropy)", beats(a, b), a, b)
+    a, b = get(s, "soft_additive", "pointing_accuracy"), get(s, "soft_additive_no_ds", "pointing_accuracy")
+    line("pointing with lambda at paper scale vs lambda=0", beats(a, b), a, b)
+    a, b = get(s, "soft_additive", "CIDEr"), get(s, "soft_general", "CIDEr")
+    line("additive vs general (bilinear) scoring (CIDEr; additive first)", beats(a, b), a, b)
+    a = get(v, "temporal_attention", "event_order_accuracy")
+    line("order-aware temporal attention names events in order (event-order accuracy >= 0.9)", at_least(a, 0.9), a,
+         get(v, "temporal_attention", "chance_event_order_accuracy"))
+    for name in ("mean_pool", "temporal_order_blind"):
+        a, c = get(v, name, "event_order_accuracy"), get(v, name, "chance_event_order_accuracy")
+        n = get(v, name, "captions_ordered")
+        line(f"{name} is at chance on event order", within_chance(a, c, n and n[0]), a, c)
+    a, b = get(v, "temporal_attention", "CIDEr"), get(v, "mean_pool", "CIDEr")
+    line("temporal attention > mean pooling on moving_shapes (CIDEr)", beats(a, b), a, b)
+    for key, what in (("attention_in_object", "attention in the event's frames"), ("pointing_accuracy", "pointing")):
+        a, c = get(v, "temporal_attention", key), get(v, "temporal_attention", "chance_" + key)
+        line(f"temporal attention grounds events: {what} >= 2x chance", beats(a, scaled(c, 2.0)), a, scaled(c, 2.0))
     return out
 
 
@@ -236,7 +335,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=["images", "videos"], default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the budget's seeds")
     parser.add_argument("--variants", nargs="+", default=None,
-                        help=f"run only these variants (of {sorted({v.name for v in IMAGE_VARIANTS + VIDEO_VARIANTS})})")
+                        help="run only these variants (see IMAGE_VARIANTS / VIDEO_VARIANTS; registered decoders "
+                             "by their model name)")
     args = parser.parse_args(argv)
     b = QUICK if args.quick else FULL
     if args.seeds:
@@ -244,28 +344,27 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out or ("results/reproduce-quick" if args.quick else "results/reproduce"))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    every = IMAGE_VARIANTS + VIDEO_VARIANTS + registered_variants()
 
-    def chosen(vs: list[Variant]) -> list[Variant]:
-        return [v for v in vs if args.variants is None or v.name in args.variants]
+    def chosen(data: str) -> list[Variant]:
+        return [v for v in every if v.data == data and (args.variants is None or v.name in args.variants)]
 
     variants = []
-    if args.only != "videos" and chosen(IMAGE_VARIANTS):
+    if args.only != "videos" and chosen("shapes"):
         root = out / "data" / "shapes"
         cli("generate", "dataset=shapes", f"num_items={b.images}", f"root={root}")
         cli("extract", "data=shapes", f"data.root={root}", "trainer.enable_progress_bar=false")
-        variants += [(v, [f"data.root={root}"]) for v in chosen(IMAGE_VARIANTS)]
-    if args.only != "images" and chosen(VIDEO_VARIANTS):
+        variants += [dataclasses.replace(v, overrides=[*v.overrides, f"data.root={root}"]) for v in chosen("shapes")]
+    if args.only != "images" and chosen("moving_shapes"):
         root = out / "data" / "moving_shapes"
         cli("generate", "dataset=moving_shapes", f"num_items={b.videos}", f"root={root}")
         cli("extract", "data=moving_shapes", f"data.root={root}", "encoder.frames=16", "encoder.frame_size=96",
             "trainer.enable_progress_bar=false")
-        variants += [(v, [f"data.root={root}"]) for v in chosen(VIDEO_VARIANTS)]
+        variants += [dataclasses.replace(v, overrides=[*v.overrides, f"data.root={root}"])
+                     for v in chosen("moving_shapes")]
     if not variants:
         sys.exit(f"reproduce: no variant selected by --variants {args.variants} --only {args.only}")
-    rows = []
-    for v, extra in variants:
-        for seed in b.seeds:
-            rows.append(run_variant(Variant(v.name, v.data, v.overrides + extra), seed, b, out))
+    rows = [run_variant(v, seed, b, out) for v in variants for seed in b.seeds]
     table = aggregate(rows)
     path = write_tables(table, rows, out, b, time.time() - t0)
     plot_by_length(rows, out)

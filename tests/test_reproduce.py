@@ -1,15 +1,17 @@
-"""`make reproduce`: the table arithmetic by hand, and a real (tiny) reproduction run."""
+"""`make reproduce`: the table arithmetic and every verdict rule on fixed inputs, and a real
+(tiny) reproduction run through the CLIs."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 from conftest import REPO
 
-from captioning.reproduce import aggregate, claims
+from captioning.reproduce import aggregate, at_least, beats, claims, within_chance
 
 
 def test_aggregate_mean_and_population_std():
@@ -24,23 +26,69 @@ def test_aggregate_mean_and_population_std():
     assert "Bleu_4" not in b  # NaN values are left out, not averaged
 
 
-def test_claim_verdicts():
-    table = [
-        {"data": "moving_shapes", "variant": "temporal_attention", "CIDEr": (2.0, 0.1)},
-        {"data": "moving_shapes", "variant": "mean_pool", "CIDEr": (1.0, 0.2)},
-        {"data": "shapes", "variant": "soft_additive", "Bleu_4": (0.4, 0.05)},
-        {"data": "shapes", "variant": "mean_pool", "Bleu_4": (0.42, 0.05)},
+def test_verdict_rules():
+    # beats: the difference must exceed the SUM of the two stds
+    assert beats((2.0, 0.1), (1.0, 0.2)) == "REPRODUCED"
+    assert beats((1.25, 0.1), (1.0, 0.2)) == "INCONCLUSIVE (right direction, within std)"
+    assert beats((1.3, 0.1), (1.0, 0.2)) == "INCONCLUSIVE (right direction, within std)"  # 0.3 is not > 0.3
+    assert beats((0.9, 0.01), (1.0, 0.02)) == "NOT reproduced (reversed beyond std)"
+    assert beats((0.99, 0.01), (1.0, 0.02)) == "NOT reproduced (within std)"
+    assert beats(None, (1.0, 0.0)) == "not measured"
+    # at_least: the mean minus its std must clear the threshold
+    assert at_least((0.95, 0.04), 0.9) == "REPRODUCED"
+    assert at_least((0.92, 0.04), 0.9) == "INCONCLUSIVE (mean above, within std)"
+    assert at_least((0.85, 0.0), 0.9) == "NOT reproduced"
+    # within chance: 2 binomial standard errors, sqrt(0.5 * 0.5 / 100) = 0.05 -> +-0.1
+    assert within_chance((0.59, 0.2), (0.5, 0.0), 100) == "REPRODUCED"
+    assert within_chance((0.61, 0.0), (0.5, 0.0), 100) == "NOT reproduced (away from chance)"
+    assert within_chance((0.5, 0.0), (0.5, 0.0), None) == "not measured"
+
+
+def _table() -> list[dict]:
+    s, v = "shapes", "moving_shapes"
+    return [
+        {"data": s, "variant": "soft_additive", "CIDEr": (3.0, 0.1), "binding_accuracy": (0.78, 0.05),
+         "Bleu_4_longest": (0.5, 0.01), "Bleu_4_shortest": (0.6, 0.01), "pointing_accuracy": (0.7, 0.05),
+         "chance_pointing_accuracy": (0.05, 0.0), "coverage_entropy": (0.6, 0.02)},
+        {"data": s, "variant": "mean_pool", "CIDEr": (2.0, 0.1), "binding_accuracy": (0.7, 0.05),
+         "Bleu_4_longest": (0.3, 0.01), "Bleu_4_shortest": (0.6, 0.01)},
+        {"data": s, "variant": "soft_additive_no_ds", "coverage_entropy": (0.5, 0.02), "pointing_accuracy": (0.6, 0.1)},
+        {"data": s, "variant": "soft_general", "CIDEr": (3.1, 0.2)},
+        {"data": v, "variant": "temporal_attention", "event_order_accuracy": (0.95, 0.02),
+         "chance_event_order_accuracy": (0.5, 0.0), "CIDEr": (2.0, 0.1), "attention_in_object": (0.5, 0.05),
+         "chance_attention_in_object": (0.2, 0.0), "pointing_accuracy": (0.35, 0.05),
+         "chance_pointing_accuracy": (0.2, 0.0)},
+        {"data": v, "variant": "mean_pool", "event_order_accuracy": (0.52, 0.03),
+         "chance_event_order_accuracy": (0.5, 0.0), "captions_ordered": (60.0, 0.0), "CIDEr": (1.0, 0.1)},
+        {"data": v, "variant": "temporal_order_blind", "event_order_accuracy": (0.8, 0.03),
+         "chance_event_order_accuracy": (0.5, 0.0), "captions_ordered": (60.0, 0.0)},
     ]
-    table[2].update(Bleu_4_shortest=(0.5, 0.0), Bleu_4_longest=(0.45, 0.01))
-    table[3].update(Bleu_4_shortest=(0.6, 0.0), Bleu_4_longest=(0.30, 0.01))
-    lines = claims(table)
-    assert lines[0].startswith("- temporal attention > mean pooling") and "REPRODUCED (2.000 vs 1.000)" in lines[0]
-    assert "NOT reproduced (within std) (0.400 vs 0.420)" in lines[1]
-    # gaps: longest 0.45 - 0.30 = 0.15 (std 0.02), shortest 0.5 - 0.6 = -0.1 (std 0)
-    assert "grows with caption length" in lines[2] and "REPRODUCED (0.150 vs -0.100)" in lines[2]
-    assert all("not measured" in ln for ln in lines[3:] if "grounds" in ln)
-    table[0]["CIDEr"] = (1.1, 0.1)
-    assert "INCONCLUSIVE (right direction, within std) (1.100 vs 1.000)" in claims(table)[0]
+
+
+def test_claims_on_a_fixed_table():
+    lines = claims(_table())
+
+    def verdict(prefix: str) -> str:
+        (line,) = [ln for ln in lines if ln.startswith(f"- {prefix}")]
+        return line
+
+    assert "REPRODUCED (3.000 vs 2.000)" in verdict("soft attention > mean pooling on shapes (CIDEr)")
+    # 0.78 vs 0.7 with stds 0.05 + 0.05: within the spread
+    assert "INCONCLUSIVE" in verdict("soft attention > mean pooling on shapes (binding")
+    # gaps: longest 0.5 - 0.3 = 0.2 (std 0.02), shortest 0.6 - 0.6 = 0 (std 0.02)
+    assert "REPRODUCED (0.200 vs 0.000)" in verdict("attention's BLEU-4 lead")
+    assert "REPRODUCED (0.700 vs 0.050)" in verdict("soft attention points")
+    assert "not measured" in verdict("hard attention points")
+    assert "REPRODUCED (0.600 vs 0.500)" in verdict("doubly stochastic")
+    assert "INCONCLUSIVE" in verdict("pointing with lambda")
+    assert "NOT reproduced (within std) (3.000 vs 3.100)" in verdict("additive vs general")
+    assert "REPRODUCED (0.950 vs 0.500)" in verdict("order-aware temporal attention")
+    assert "REPRODUCED (0.520 vs 0.500)" in verdict("mean_pool is at chance")  # 2 SE = 0.129 over 60 captions
+    assert "NOT reproduced (away from chance)" in verdict("temporal_order_blind is at chance")
+    assert "REPRODUCED (2.000 vs 1.000)" in verdict("temporal attention > mean pooling")
+    # 2x chance: 0.5 vs 0.4 (std 0.05 + 0): 0.1 > 0.05 -> REPRODUCED; pointing 0.35 vs 0.4: NOT
+    assert "REPRODUCED (0.500 vs 0.400)" in verdict("temporal attention grounds events: attention")
+    assert "NOT reproduced" in verdict("temporal attention grounds events: pointing")
 
 
 @pytest.mark.slow
@@ -48,19 +96,25 @@ def test_reproduce_runs_the_clis_and_writes_the_table(tmp_path):
     out = tmp_path / "rep"
     cmd = [sys.executable, "-m", "captioning.reproduce", "--quick", "--seeds", "0", "--variants", "soft_additive",
            "mean_pool", "temporal_attention", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env={**__import__("os").environ, "MPLBACKEND": "Agg"})
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     md = (out / "results.md").read_text()
-    for row in ("| shapes | soft_additive |", "| shapes | mean_pool |", "| moving_shapes | temporal_attention |",
-                "| moving_shapes | mean_pool |"):
+    for row in ("| soft_additive |", "| mean_pool |", "| temporal_attention |"):
         assert row in md
-    assert "temporal attention > mean pooling on moving_shapes (CIDEr): " in md
+    assert "soft attention > mean pooling on shapes (CIDEr): " in md
     runs = json.loads((out / "results.json").read_text())["runs"]
-    assert len(runs) == 4 and all(r["CIDEr"] >= 0 for r in runs)
+    assert {(r["data"], r["variant"]) for r in runs} == {
+        ("shapes", "soft_additive"), ("shapes", "mean_pool"),
+        ("moving_shapes", "temporal_attention"), ("moving_shapes", "mean_pool")}
+    for r in runs:  # every metric the table needs was measured, and is a probability / a score
+        assert r["CIDEr"] > 0.1 and 0 < r["Bleu_4"] <= 1
+        key = "binding_accuracy" if r["data"] == "shapes" else "event_order_accuracy"
+        assert 0 <= r[key] <= 1 and 0 <= r["chance_" + key] <= 1
     soft = next(r for r in runs if r["variant"] == "soft_additive")
-    assert 0 < soft["chance_attention_in_object"] < 1 and "attention_in_object" in soft
+    assert 0 < soft["chance_attention_in_object"] < soft["attention_in_object"] < 1
+    assert "attention_in_object" not in next(r for r in runs if r["variant"] == "mean_pool")
     assert (out / "bleu_by_length.png").stat().st_size > 10_000
     # finished runs are reused: a second call only re-reads their metrics
-    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0 and "captioning-train" not in again.stdout
