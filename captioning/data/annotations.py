@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import json
 import logging
 import re
 from collections.abc import Iterable
@@ -52,7 +51,7 @@ from captioning.config import DataConfig
 from captioning.data.media import video_files_by_id
 from captioning.data.records import CaptionRecord
 from captioning.errors import ConfigError, DataError
-from captioning.utils.io import safe_join
+from captioning.utils.io import read_json, safe_join
 
 log = logging.getLogger(__name__)
 
@@ -123,23 +122,10 @@ class _Problems:
 
 # --------------------------------------------------------------------------- helpers
 def _load_json(path: str | Path, what: str) -> Any:
-    """Load JSON; a missing file or a syntax error raises a DataError naming the file.
-
-    Bytes that are not UTF-8 are kept as lone surrogates so that the record holding them can be
-    reported (and skipped) on its own rather than failing the whole file.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{what} not found: {path} (check data.annotations in your config or the data/ layout)")
-    try:
-        text = path.read_bytes().decode("utf-8", errors="surrogateescape")
-    except OSError as e:
-        raise DataError(f"cannot read {what} {path}: {e}") from None
-    text = text.removeprefix("\ufeff")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{what} {path} is malformed JSON at line {e.lineno} col {e.colno}: {e.msg}") from None
+    """Annotation JSON; bytes that are not UTF-8 are kept (as lone surrogates) so that the record
+    holding them can be reported and skipped on its own rather than failing the whole file."""
+    return read_json(path, what, hint="check data.annotations in your config or the data/ layout",
+                     errors="surrogateescape")
 
 
 def _read_text(path: str | Path, what: str) -> str:
