@@ -20,6 +20,8 @@ PRESETS = {  # experiment -> (data config, annotation fixture, kind, positions)
     "vinyals2015_showtell": ("coco", "dataset_coco.json", "image", 49),
     "yao2015_temporal": ("msvd", "AllVideoDescriptions.txt", "video", 28),
     "venugopalan2015_meanpool": ("msvd", "AllVideoDescriptions.txt", "video", 28),
+    "rennie2017_scst": ("coco", "dataset_coco.json", "image", 196),  # SCST from scratch: the stage runs
+    "luo2020_scst": ("coco", "dataset_coco.json", "image", 196),
 }
 
 
