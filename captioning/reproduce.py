@@ -55,12 +55,13 @@ class Variant:
 
 # spatial attention sees WHERE each region is (a 2-D code) and temporal attention WHEN each frame is
 SOFT = ["model=soft_attention", "model.position_code=sinusoidal"]
-IMAGE_VARIANTS = [
+IMAGE_VARIANTS = [  # the main comparison first, then the ablations
     Variant("soft_additive", "shapes", SOFT),
-    Variant("soft_general", "shapes", [*SOFT, "model.scoring=general"]),
+    Variant("mean_pool", "shapes", ["model=mean_pool"]),
     Variant("soft_additive_no_ds", "shapes", [*SOFT, "model.doubly_stochastic=0.0"]),
     Variant("hard_additive", "shapes", ["model=hard_attention", "model.position_code=sinusoidal"]),
-    Variant("mean_pool", "shapes", ["model=mean_pool"]),
+    Variant("soft_additive_no_code", "shapes", ["model=soft_attention", "model.position_code=none"]),
+    Variant("soft_general", "shapes", [*SOFT, "model.scoring=general"]),
     Variant("show_tell", "shapes", ["model=show_tell"]),
 ]
 VIDEO_VARIANTS = [
@@ -91,7 +92,7 @@ class Budget:
 
 
 # Sized so that `make reproduce` takes about an hour on 2 CPU cores.
-FULL = Budget(seeds=(0, 1, 2), images=3000, videos=600, image_epochs=6, video_epochs=10, hidden=256)
+FULL = Budget(seeds=(0, 1, 2), images=1500, videos=2400, image_epochs=5, video_epochs=5, hidden=128)
 QUICK = Budget(seeds=(0, 1), images=600, videos=160, image_epochs=4, video_epochs=6, hidden=64)
 
 

@@ -28,8 +28,8 @@ from captioning.data.synthetic.common import (
     colour_masks,
     split_sizes,
 )
-from captioning.data.synthetic.datasets import GENERATOR_VERSION
-from captioning.data.synthetic.moving_shapes import UNITS, plan_pair, render_video
+from captioning.data.synthetic.datasets import GENERATOR_VERSION, generation_params
+from captioning.data.synthetic.moving_shapes import EVENT_TYPES, UNITS, plan_pair, render_video
 from captioning.data.synthetic.shapes import GRID, caption_templates, image_layout
 from captioning.data.video import sample_frame_indices
 from captioning.errors import ConfigError
@@ -57,7 +57,7 @@ def shapes_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def videos_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("moving")
-    generate_moving_shapes(root, num_videos=N_VIDEOS, seed=0, frames=FRAMES, workers=1)
+    generate_moving_shapes(root, num_videos=N_VIDEOS, seed=0, frames=FRAMES, workers=1, events=EVENT_TYPES)
     return root
 
 
@@ -223,7 +223,7 @@ def test_videos_deterministic(videos_root, tmp_path):
     test process a few P-frames of a video have been seen to come out encoded differently
     (decoded difference <= 12 levels on < 2% of pixels; the next I-frame is identical again)."""
     again = tmp_path / "again"
-    generate_moving_shapes(again, num_videos=N_VIDEOS, seed=0, frames=FRAMES, workers=2)
+    generate_moving_shapes(again, num_videos=N_VIDEOS, seed=0, frames=FRAMES, workers=2, events=EVENT_TYPES)
     a, b = _files(again), _files(videos_root)
     assert a.keys() == b.keys()
     assert {k: v for k, v in a.items() if not k.endswith(".mp4")} == {
@@ -235,7 +235,7 @@ def test_videos_deterministic(videos_root, tmp_path):
         diff = np.abs(x - y)
         assert diff.max() <= 32 and diff.mean() < 0.5, (i, int(diff.max()), float(diff.mean()))
     other = tmp_path / "other"
-    generate_moving_shapes(other, num_videos=2, seed=1, frames=FRAMES, workers=1)
+    generate_moving_shapes(other, num_videos=2, seed=1, frames=FRAMES, workers=1, events=EVENT_TYPES)
     a, b = _files(videos_root), _files(other)
     assert a["videos/video0.mp4"] != b["videos/video0.mp4"]
     assert a["annotations/grounding.json"] != b["annotations/grounding.json"]
@@ -267,7 +267,7 @@ def test_video_pairs_are_frame_permutations(frames):
 def test_event_plans():
     types, units = Counter(), Counter()
     for pair in range(100):
-        plan = plan_pair(0, pair, (2,), 96)
+        plan = plan_pair(0, pair, (2,), 96, EVENT_TYPES)
         assert len(plan.events) == 2 and len({e.shape for e in plan.events + plan.distractors}) == len(
             plan.events + plan.distractors)
         assert sum(e.units for e in plan.events) + sum(plan.gaps) == UNITS
@@ -336,9 +336,19 @@ def check_spans(root: Path, num_frames: int, num_events: int) -> set[str]:
 def test_rendered_events_visible_exactly_in_their_spans():
     types = set()
     for i in range(8):  # 4 pairs of seed 4 show all five event types
-        frames, item, _ = render_video(i, seed=4, frames=FRAMES)
+        frames, item, _ = render_video(i, seed=4, frames=FRAMES, events=EVENT_TYPES)
         types |= check_events(frames, item, 2)
     assert types == {"appear", "disappear", "turn", "grow", "shrink"}
+
+
+def test_default_events_are_appearances_and_other_kinds_are_checked():
+    assert {e.event for pair in range(20) for e in plan_pair(0, pair, (2,), 96).events} == {"appear"}
+    params = generation_params("moving_shapes", 4)
+    assert params["events"] == ["appear"]
+    assert generation_params("moving_shapes", 4, events=["turn", "grow"])["events"] == ["turn", "grow"]
+    for bad in ([], ["appear", "appear"], ["explode"]):
+        with pytest.raises(ConfigError, match="events must be distinct names"):
+            generation_params("moving_shapes", 4, events=bad)
 
 
 def test_video_spans_are_the_visible_frames(videos_root):
@@ -347,7 +357,7 @@ def test_video_spans_are_the_visible_frames(videos_root):
 
 
 def test_three_event_videos(tmp_path):
-    generate_moving_shapes(tmp_path, num_videos=2, seed=0, frames=FRAMES, num_events=(3,), workers=1)
+    generate_moving_shapes(tmp_path, num_videos=2, seed=0, frames=FRAMES, num_events=(3,), workers=1, events=EVENT_TYPES)
     check_spans(tmp_path, FRAMES, 3)
     info = json.loads((tmp_path / "annotations" / "videodatainfo.json").read_text())
     lengths = [len(caption_tokens(s["caption"])) for s in info["sentences"]]
@@ -438,7 +448,7 @@ def test_generate_cli(tmp_path):
     run_cli("generate", *args)
     stamp = json.loads((root / "generated.json").read_text())
     assert stamp["params"] == {"dataset": "moving_shapes", "version": GENERATOR_VERSION, "num_items": 4,
-                               "seed": 0, "frames": 16, "video_size": 64}
+                               "seed": 0, "frames": 16, "video_size": 64, "events": ["appear"]}
     assert GENERATOR_VERSION == 2
     assert len(decord.VideoReader(str(root / "videos" / "video3.mp4"))) == 16
     assert decord.VideoReader(str(root / "videos" / "video3.mp4"))[0].shape == (64, 64, 3)

@@ -31,6 +31,7 @@ class GenerateConfig:
     image_size: int = 224  # shapes: square image side
     frames: int = 32  # moving_shapes: frames per video (a multiple of 16)
     video_size: int = 96  # moving_shapes: square frame side (even)
+    events: list[str] | None = None  # moving_shapes: event kinds (None: [appear]; see the generator)
     force: bool = False  # regenerate even when the stamp matches
 
 
@@ -43,7 +44,7 @@ def generate(cfg: GenerateConfig) -> dict[str, Any]:
 
     result = ensure_generated(
         cfg.dataset, cfg.root, num_items=cfg.num_items, seed=cfg.seed, image_size=cfg.image_size,
-        frames=cfg.frames, video_size=cfg.video_size, force=cfg.force,
+        frames=cfg.frames, video_size=cfg.video_size, events=cfg.events, force=cfg.force,
     )
     summary = result.get("summary") or {}
     if result["generated"]:

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ def generation_params(
     image_size: int = 224,
     frames: int = moving_shapes.DEFAULT_FRAMES,
     video_size: int = 96,
+    events: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The parameters that determine a generated dataset (what the stamp records)."""
     if dataset not in DATASETS:
@@ -66,6 +68,7 @@ def generation_params(
             raise ConfigError(f"video_size must be an even number >= 32 for dataset=moving_shapes, got {video_size}")
         params["frames"] = int(frames)
         params["video_size"] = int(video_size)
+        params["events"] = list(moving_shapes.check_events(moving_shapes.DEFAULT_EVENTS if events is None else events))
     return params
 
 
@@ -111,6 +114,7 @@ def ensure_generated(
     image_size: int = 224,
     frames: int = moving_shapes.DEFAULT_FRAMES,
     video_size: int = 96,
+    events: Sequence[str] | None = None,
     force: bool = False,
 ) -> dict[str, Any]:
     """Generate a synthetic dataset into ``root`` unless it is already there with the same parameters.
@@ -121,7 +125,7 @@ def ensure_generated(
     ``features/``) is left alone.  Returns ``{"generated": bool, "root", "params", "summary",
     "seconds"}``.
     """
-    params = generation_params(dataset, num_items, seed, image_size, frames, video_size)
+    params = generation_params(dataset, num_items, seed, image_size, frames, video_size, events)
     root = Path(root) if root is not None else Path("data") / dataset
     stamp = read_stamp(root)
     if stamp is not None and stamp.get("params") == params and not force:
@@ -140,7 +144,7 @@ def ensure_generated(
         else:
             summary = moving_shapes.generate_moving_shapes(
                 tmp, num_videos=params["num_items"], seed=params["seed"], frames=params["frames"],
-                size=params["video_size"])
+                size=params["video_size"], events=params["events"])
         summary = {k: v for k, v in summary.items() if k != "root"}
         root.mkdir(parents=True, exist_ok=True)
         (root / STAMP).unlink(missing_ok=True)  # from here on the old data no longer count as finished

@@ -71,6 +71,12 @@ CAPTIONS_PER_VIDEO = 5
 UNITS = 16  # time units per video (one sampled frame each with encoder.frames=16)
 EVENT_UNITS = {2: (3, 4), 3: (3,)}  # event durations by number of events
 EVENT_TYPES = ("appear", "disappear", "turn", "grow", "shrink")
+# The default draws only "appear" events: the one kind whose object a globally pooled frame
+# vector identifies (the event frames hold exactly one object more than the neutral frames).
+# With all five kinds, 2400 videos and a 256-d temporal model named the events' colour, shape
+# and verb right only 61% / 68% / 51% of the time (event recall 0.09), so order could not be
+# scored; the harder kinds stay available with events=[appear,disappear,turn,grow,shrink].
+DEFAULT_EVENTS = ("appear",)
 VERBS = {"appear": "appears", "disappear": "disappears", "turn": "turns", "grow": "grows", "shrink": "shrinks"}
 REVERSE_ORDER_WORDS = ("after",)
 WORD_CLASSES = {"colour": list(COLOURS), "shape": list(SHAPES), "verb": list(VERBS.values())}
@@ -160,7 +166,8 @@ def sample_gaps(rng: np.random.Generator, durations: Sequence[int]) -> tuple[int
 SMALL_RADIUS, LARGE_RADIUS = 0.14, 0.2
 
 
-def plan_pair(seed: int, pair: int, num_events_choices: Sequence[int], size: int) -> PairPlan:
+def plan_pair(seed: int, pair: int, num_events_choices: Sequence[int], size: int,
+              events: Sequence[str] = DEFAULT_EVENTS) -> PairPlan:
     """The shared content of videos 2*pair and 2*pair+1 (events in video 2*pair's order)."""
     rng = item_rng(seed, pair, stream=1)
     n = int(rng.choice(list(num_events_choices)))
@@ -184,7 +191,7 @@ def plan_pair(seed: int, pair: int, num_events_choices: Sequence[int], size: int
         if k >= n:
             objs.append(VideoObject(shape, colour, radius, cx, cy, angle))
             continue
-        event = str(rng.choice(EVENT_TYPES))
+        event = str(rng.choice(list(events)))
         new_colour = str(rng.choice([c for c in COLOURS if c != colour])) if event == "turn" else None
         event_radius = None
         if event in ("grow", "shrink"):
@@ -192,6 +199,14 @@ def plan_pair(seed: int, pair: int, num_events_choices: Sequence[int], size: int
         objs.append(VideoObject(shape, colour, radius, cx, cy, angle, event, durations[k], new_colour,
                                 event_radius))
     return PairPlan(tuple(objs[:n]), tuple(objs[n:]), gaps)
+
+
+def check_events(events: Sequence[str]) -> tuple[str, ...]:
+    """``events`` as a tuple of known, distinct event kinds (ConfigError otherwise)."""
+    events = tuple(str(e) for e in events)
+    if not events or len(set(events)) != len(events) or not set(events) <= set(EVENT_TYPES):
+        raise ConfigError(f"events must be distinct names from {list(EVENT_TYPES)}, got {list(events)}")
+    return events
 
 
 def event_spans(plan: PairPlan, frames: int, reverse: bool = False) -> list[tuple[int, int]]:
@@ -206,7 +221,8 @@ def event_spans(plan: PairPlan, frames: int, reverse: bool = False) -> list[tupl
 
 
 def render_video(
-    index: int, seed: int = 0, frames: int = DEFAULT_FRAMES, size: int = 96, num_events_choices: Sequence[int] = (2,)
+    index: int, seed: int = 0, frames: int = DEFAULT_FRAMES, size: int = 96, num_events_choices: Sequence[int] = (2,),
+    events: Sequence[str] = DEFAULT_EVENTS,
 ) -> tuple[np.ndarray, dict[str, Any], list[str]]:
     """Render one video: (frames uint8 [F, H, W, 3], grounding entry, 5 captions).
 
@@ -216,7 +232,7 @@ def render_video(
     if frames < UNITS:
         raise ConfigError(f"moving_shapes needs frames >= {UNITS}, got {frames}")
     pair, reverse = divmod(index, 2)
-    plan = plan_pair(seed, pair, num_events_choices, size)
+    plan = plan_pair(seed, pair, num_events_choices, size, events)
     order = list(range(len(plan.events)))[::-1] if reverse else list(range(len(plan.events)))
     events = [plan.events[k] for k in order]
     spans = event_spans(plan, frames, bool(reverse))
@@ -287,8 +303,8 @@ def encode_mp4(path: str | Path, video: np.ndarray, fps: int = 12, crf: int = 18
 
 
 def _write_video(task: tuple) -> tuple[dict[str, Any], list[str]]:
-    path, index, seed, frames, size, fps, num_events = task
-    video, entry, captions = render_video(index, seed, frames, size, num_events)
+    path, index, seed, frames, size, fps, num_events, events = task
+    video, entry, captions = render_video(index, seed, frames, size, num_events, events)
     encode_mp4(path, video, fps=fps)
     return entry, captions
 
@@ -303,11 +319,13 @@ def generate_moving_shapes(
     splits: Sequence[float] = (0.8, 0.1, 0.1),
     num_events: Sequence[int] = (2,),
     workers: int | None = None,
+    events: Sequence[str] = DEFAULT_EVENTS,
 ) -> dict[str, Any]:
     """Write the moving-shapes dataset under ``root``; returns a summary.
 
     ``num_events``: the allowed numbers of events per video (a non-empty subset of (2, 3)),
-    drawn uniformly per pair of videos.  Video ``video<N>`` depends only on (seed, N), whatever
+    drawn uniformly per pair of videos.  ``events``: the event kinds drawn from (a non-empty
+    subset of ``EVENT_TYPES``; default ``DEFAULT_EVENTS``).  Video ``video<N>`` depends only on (seed, N), whatever
     ``workers`` (processes; None: up to 4 CPUs).
     """
     root = Path(root)
@@ -316,6 +334,7 @@ def generate_moving_shapes(
         raise ConfigError(f"num_events must be a non-empty subset of {sorted(_TEMPLATES)}, got {num_events}")
     if frames < UNITS:
         raise ConfigError(f"moving_shapes needs frames >= {UNITS} (a multiple of {UNITS} is best), got {frames}")
+    events = check_events(events)
     (root / "videos").mkdir(parents=True, exist_ok=True)
     info: dict[str, Any] = {
         "info": {"description": "synthetic moving shapes (MSR-VTT format)", "version": "2.0", "year": 2024,
@@ -328,7 +347,7 @@ def generate_moving_shapes(
     all_captions: list[str] = []
     event_counts: dict[str, int] = {}
     sen_id = 0
-    tasks = [(str(root / "videos" / f"video{i}.mp4"), i, seed, frames, size, fps, tuple(num_events))
+    tasks = [(str(root / "videos" / f"video{i}.mp4"), i, seed, frames, size, fps, tuple(num_events), events)
              for i in range(num_videos)]
     for i, (entry, captions) in enumerate(parallel_map(_write_video, tasks, workers)):
         video_id = f"video{i}"
