@@ -48,20 +48,25 @@ def _table() -> list[dict]:
     s, v = "shapes", "moving_shapes"
     return [
         {"data": s, "variant": "soft_additive", "CIDEr": (3.0, 0.1), "binding_accuracy": (0.78, 0.05),
+         "chance_binding_accuracy": (0.6, 0.02),
          "Bleu_4_longest": (0.5, 0.01), "Bleu_4_shortest": (0.6, 0.01), "pointing_accuracy": (0.7, 0.05),
          "chance_pointing_accuracy": (0.05, 0.0), "coverage_entropy": (0.6, 0.02)},
         {"data": s, "variant": "mean_pool", "CIDEr": (2.0, 0.1), "binding_accuracy": (0.7, 0.05),
+         "chance_binding_accuracy": (0.69, 0.02),
          "Bleu_4_longest": (0.3, 0.01), "Bleu_4_shortest": (0.6, 0.01)},
         {"data": s, "variant": "soft_additive_no_ds", "coverage_entropy": (0.5, 0.02), "pointing_accuracy": (0.6, 0.1)},
         {"data": s, "variant": "soft_general", "CIDEr": (3.1, 0.2)},
         {"data": v, "variant": "temporal_attention", "event_order_accuracy": (0.95, 0.02),
          "chance_event_order_accuracy": (0.5, 0.0), "CIDEr": (2.0, 0.1), "attention_in_object": (0.5, 0.05),
          "chance_attention_in_object": (0.2, 0.0), "pointing_accuracy": (0.35, 0.05),
-         "chance_pointing_accuracy": (0.2, 0.0)},
+         "chance_pointing_accuracy": (0.2, 0.0), "order_accuracy_all_named": (0.97, 0.01),
+         "chance_order_accuracy_all_named": (0.5, 0.0)},
         {"data": v, "variant": "mean_pool", "event_order_accuracy": (0.52, 0.03),
          "chance_event_order_accuracy": (0.5, 0.0), "captions_ordered": (60.0, 0.0), "CIDEr": (1.0, 0.1)},
         {"data": v, "variant": "temporal_order_blind", "event_order_accuracy": (0.8, 0.03),
-         "chance_event_order_accuracy": (0.5, 0.0), "captions_ordered": (60.0, 0.0)},
+         "chance_event_order_accuracy": (0.5, 0.0), "captions_ordered": (60.0, 0.0),
+         "order_accuracy_all_named": (0.55, 0.05), "chance_order_accuracy_all_named": (0.5, 0.0),
+         "captions_all_named": (25.0, 0.0)},
     ]
 
 
@@ -83,6 +88,12 @@ def test_claims_on_a_fixed_table():
     assert "INCONCLUSIVE" in verdict("pointing with lambda")
     assert "NOT reproduced (within std) (3.000 vs 3.100)" in verdict("additive vs general")
     assert "REPRODUCED (0.950 vs 0.500)" in verdict("order-aware temporal attention")
+    # binding against each caption set's own chance: 0.78 vs 0.6 (std 0.07) yes; 0.7 vs 0.69 no
+    assert "REPRODUCED (0.780 vs 0.600)" in verdict("soft_additive binds colours")
+    assert "INCONCLUSIVE" in verdict("mean_pool binds colours")
+    assert "REPRODUCED (0.970 vs 0.500)" in verdict("when it names both events, order-aware")
+    # 2 SE over 25 captions = 0.2: 0.55 is within chance
+    assert "REPRODUCED (0.550 vs 0.500)" in verdict("when it names both events, the model without")
     assert "REPRODUCED (0.520 vs 0.500)" in verdict("mean_pool is at chance")  # 2 SE = 0.129 over 60 captions
     assert "NOT reproduced (away from chance)" in verdict("temporal_order_blind is at chance")
     assert "REPRODUCED (2.000 vs 1.000)" in verdict("temporal attention > mean pooling")
