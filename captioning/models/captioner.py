@@ -92,8 +92,8 @@ class CaptioningModule(pl.LightningModule):
         self.compile_loss = bool(config.get("compile", False))
         if self.compile_loss and not self.decoder.compilable:
             raise CaptioningError(
-                f"compile=true: the {self.decoder.name} decoder as configured cannot be compiled whole "
-                f"(hard attention samples on the host); train it with compile=false"
+                f"compile=true: model {type(self.decoder).run_tag(self.decoder.cfg)} cannot be compiled whole "
+                f"(it samples on the host, e.g. hard attention's locations); train it with compile=false"
             )
         self._token_length = int(config.get("data", {}).get("max_length", 0)) + 2
         self._compiled_loss: Any = None
