@@ -94,7 +94,7 @@ class Budget:
 
 # Sized so that `make reproduce` takes about an hour on 2 CPU cores.
 FULL = Budget(seeds=(0, 1, 2), images=1500, videos=2400, image_epochs=5, video_epochs=5, hidden=128)
-QUICK = Budget(seeds=(0, 1), images=600, videos=160, image_epochs=4, video_epochs=6, hidden=64)
+QUICK = Budget(seeds=(0, 1), images=600, videos=240, image_epochs=8, video_epochs=12, hidden=128)
 
 
 def cli(module: str, *args: str) -> None:
