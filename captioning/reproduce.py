@@ -70,6 +70,19 @@ VIDEO_VARIANTS = [
     Variant("temporal_order_blind", "moving_shapes", ["model=temporal_attention", "model.position_code=none"]),
     Variant("mean_pool", "moving_shapes", ["model=mean_pool"]),
 ]
+# Yao et al.'s feature setting: appearance (2-D CNN per sampled frame), local motion (3-D CNN over
+# the clip around it) or both concatenated per frame (captioning.data.streams).  The 3-D network
+# is R(2+1)D-18 with SEEDED RANDOM weights (no Kinetics weights offline): what a random 3-D
+# network keeps of a clip, not what a trained one would.
+MOTION = "r2plus1d_18"
+MOTION_EXTRACT = [f"encoder={MOTION}", "encoder.weights=none", "encoder.frames=16", "encoder.frame_size=64",
+                  "encoder.clip_length=8"]  # 8-frame clips at 64 px: ~1/7 of the 16 x 112 px cost
+STREAM_VARIANTS = [
+    Variant("temporal_3d", "moving_shapes", ["model=temporal_attention", f"encoder={MOTION}"]),
+    Variant("temporal_2d+3d", "moving_shapes", [
+        "model=temporal_attention",
+        f"features_dir=[${{data.root}}/features/efficientnet_lite0,${{data.root}}/features/{MOTION}]"]),
+]
 NO_ATTENTION = ("mean_pool", "show_tell")
 
 
@@ -350,16 +363,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=["images", "videos"], default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the budget's seeds")
     parser.add_argument("--variants", nargs="+", default=None,
-                        help="run only these variants (see IMAGE_VARIANTS / VIDEO_VARIANTS; registered decoders "
-                             "by their model name)")
+                        help="run only these variants (see IMAGE_VARIANTS / VIDEO_VARIANTS / STREAM_VARIANTS; "
+                             "registered decoders by their model name)")
+    parser.add_argument("--videos", type=int, default=None, help="override the budget's number of videos")
+    parser.add_argument("--video-epochs", type=int, default=None, help="override the budget's video epochs")
     args = parser.parse_args(argv)
     b = QUICK if args.quick else FULL
     if args.seeds:
         b = dataclasses.replace(b, seeds=tuple(args.seeds))
+    if args.videos:
+        b = dataclasses.replace(b, videos=args.videos)
+    if args.video_epochs:
+        b = dataclasses.replace(b, video_epochs=args.video_epochs)
     out = Path(args.out or ("results/reproduce-quick" if args.quick else "results/reproduce"))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     every = IMAGE_VARIANTS + VIDEO_VARIANTS + registered_variants()
+    if args.variants:  # the stream variants cost a 3-D extraction: only when asked for by name
+        every += STREAM_VARIANTS
 
     def chosen(data: str) -> list[Variant]:
         return [v for v in every if v.data == data and (args.variants is None or v.name in args.variants)]
@@ -375,6 +396,9 @@ def main(argv: list[str] | None = None) -> None:
         cli("generate", "dataset=moving_shapes", f"num_items={b.videos}", f"root={root}")
         cli("extract", "data=moving_shapes", f"data.root={root}", "encoder.frames=16", "encoder.frame_size=96",
             "trainer.enable_progress_bar=false")
+        if any(v in STREAM_VARIANTS for v in chosen("moving_shapes")):
+            cli("extract", "data=moving_shapes", f"data.root={root}", *MOTION_EXTRACT,
+                "trainer.enable_progress_bar=false")
         variants += [dataclasses.replace(v, overrides=[*v.overrides, f"data.root={root}"])
                      for v in chosen("moving_shapes")]
     if not variants:
