@@ -41,7 +41,7 @@ import torch
 from pytorch_lightning.callbacks import BasePredictionWriter, ProgressBar
 from torch.utils.data import DataLoader, Dataset
 
-from captioning.errors import ConfigError
+from captioning.errors import ConfigError, StorageError
 from captioning.features.backbones import Backbone, EncoderConfig, Preprocessing
 from captioning.features.encoders import is_clip_encoder
 
@@ -399,8 +399,20 @@ class StoreWriter(BasePredictionWriter):
         self.totals = {"processed": processed, "failed": failed, "repeats": repeats}
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        try:  # keep the complete shards of an interrupted run (Ctrl-C, error): resuming continues there
-            self._close()
+        """Keep what an interrupted run finished (Ctrl-C, an error): the buffered items are committed
+        and resuming continues there, except after a shard that could not be written (a full disk):
+        writing it again would fail again, so it is dropped and the re-run extracts its items."""
+        if self.writer is None:
+            return
+        writer, self.writer = self.writer, None
+        try:
+            if isinstance(exception, StorageError):
+                writer.abort()
+            else:
+                writer.close()
+        except StorageError as e:  # e.g. Ctrl-C on a full disk: one line, the original error matters more
+            writer.abort()
+            log.warning("%s", e)
         except Exception:  # pragma: no cover - the original exception matters more
             log.exception("closing the feature store after an error failed")
 

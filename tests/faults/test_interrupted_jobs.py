@@ -159,10 +159,6 @@ def test_extraction_killed_at_every_commit_step(jobs, images, tmp_path):
     extraction_chain(jobs, images, tmp_path / "store", KILLS)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs captioning/features/extract.py StoreWriter.on_exception to drop the shard that failed "
-    "(writer.abort()) on a StorageError: it closes the writer, which writes that shard again, fails "
-    "again on the full disk and logs the failure with log.exception (a traceback)"))
 def test_extraction_out_of_disk_at_every_commit_step(jobs, images, tmp_path):
     extraction_chain(jobs, images, tmp_path / "store", FULL_DISKS)
 
