@@ -365,16 +365,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", nargs="+", default=None,
                         help="run only these variants (see IMAGE_VARIANTS / VIDEO_VARIANTS / STREAM_VARIANTS; "
                              "registered decoders by their model name)")
-    parser.add_argument("--videos", type=int, default=None, help="override the budget's number of videos")
-    parser.add_argument("--video-epochs", type=int, default=None, help="override the budget's video epochs")
+    for name in ("images", "videos", "image-epochs", "video-epochs"):
+        parser.add_argument(f"--{name}", type=int, default=None, help=f"override the budget's {name.replace('-', ' ')}")
     args = parser.parse_args(argv)
     b = QUICK if args.quick else FULL
     if args.seeds:
         b = dataclasses.replace(b, seeds=tuple(args.seeds))
-    if args.videos:
-        b = dataclasses.replace(b, videos=args.videos)
-    if args.video_epochs:
-        b = dataclasses.replace(b, video_epochs=args.video_epochs)
+    for key in ("images", "videos", "image_epochs", "video_epochs"):
+        if getattr(args, key):
+            b = dataclasses.replace(b, **{key: getattr(args, key)})
     out = Path(args.out or ("results/reproduce-quick" if args.quick else "results/reproduce"))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

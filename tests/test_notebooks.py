@@ -30,6 +30,8 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("QUICKSTART_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("QUICKSTART_IMAGES", "200")  # a third of the quickstart's data, 3 epochs: the
+    monkeypatch.setenv("QUICKSTART_EPOCHS", "3")  # cells run top to bottom, the captions need not be good
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     nb = nbformat.read(path, as_version=4)

@@ -106,7 +106,7 @@ def test_claims_on_a_fixed_table():
 def test_reproduce_runs_the_clis_and_writes_the_table(tmp_path):
     out = tmp_path / "rep"
     cmd = [sys.executable, "-m", "captioning.reproduce", "--quick", "--seeds", "0", "--variants", "soft_additive",
-           "mean_pool", "temporal_attention", "--out", str(out)]
+           "mean_pool", "temporal_attention", "--images", "360", "--videos", "160", "--out", str(out)]
     env = {**os.environ, "MPLBACKEND": "Agg"}
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
