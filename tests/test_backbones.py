@@ -138,7 +138,34 @@ def test_packaged_lite0_classifies_chelsea_as_a_cat() -> None:
         grid = b(x)
     cats = set(range(281, 286))  # tabby, tiger cat, Persian, Siamese, Egyptian cat
     assert top5[0] in cats, top5
+    assert b.settings()["weights"].startswith("packaged:tf_efficientnet_lite0:")
     assert grid.shape == (1, 1280, 7, 7)
+
+
+def test_packaged_lite0_grid_response_is_centred_on_the_object() -> None:
+    """A red square in cell (r, c) of a grey 224-px image: the centroid of the squared change it
+    makes to the 7x7 grid lies on that cell on average (with symmetric padding it sat +0.69 rows,
+    +0.47 columns off, below-right: attention then peaks next to the object)."""
+    b = build_backbone(EncoderConfig())
+    pre = b.preprocessing()
+
+    def grid(img: np.ndarray) -> torch.Tensor:
+        return b(pre.normalize(pre(torch.from_numpy(img).permute(2, 0, 1)))[None])[0]  # [C, 7, 7]
+
+    grey = np.full((224, 224, 3), 128, np.uint8)
+    rows, cols = torch.meshgrid(torch.arange(7.0), torch.arange(7.0), indexing="ij")
+    offsets = []
+    with torch.inference_mode():
+        blank = grid(grey)
+        for r, c in [(1, 1), (1, 5), (3, 3), (5, 1), (5, 5), (2, 4), (4, 2)]:
+            img = grey.copy()
+            img[r * 32 + 6: r * 32 + 26, c * 32 + 6: c * 32 + 26] = (255, 0, 0)
+            w = (grid(img) - blank).pow(2).sum(0)
+            w = w / w.sum()
+            offsets.append(((w * rows).sum() - r, (w * cols).sum() - c))
+    mean = torch.tensor(offsets).mean(0)
+    assert mean.abs().max() < 0.25, (mean, offsets)
+    assert torch.tensor(offsets).abs().max() < 0.8, offsets  # every position near its own cell
 
 
 def test_features_of_an_image_do_not_depend_on_its_batch() -> None:
