@@ -78,7 +78,7 @@ MOTION = "r2plus1d_18"
 MOTION_EXTRACT = [f"encoder={MOTION}", "encoder.weights=none", "encoder.frames=16", "encoder.frame_size=64",
                   "encoder.clip_length=8"]  # 8-frame clips at 64 px: ~1/7 of the 16 x 112 px cost
 STREAM_VARIANTS = [
-    Variant("temporal_3d", "moving_shapes", ["model=temporal_attention", f"encoder={MOTION}"]),
+    Variant("temporal_3d", "moving_shapes", ["model=temporal_attention", f"features_dir=${{data.root}}/features/{MOTION}"]),
     Variant("temporal_2d+3d", "moving_shapes", [
         "model=temporal_attention",
         f"features_dir=[${{data.root}}/features/efficientnet_lite0,${{data.root}}/features/{MOTION}]"]),
