@@ -76,7 +76,7 @@ VIDEO_VARIANTS = [
 # network keeps of a clip, not what a trained one would.
 MOTION = "r2plus1d_18"
 MOTION_EXTRACT = [f"encoder={MOTION}", "encoder.weights=none", "encoder.frames=16", "encoder.frame_size=64",
-                  "encoder.clip_length=8"]  # 8-frame clips at 64 px: ~1/7 of the 16 x 112 px cost
+                  "encoder.clip_length=8"]  # 8-frame clips at 64 px: ~1/6 of the 16 x 112 px cost
 STREAM_VARIANTS = [
     Variant("temporal_3d", "moving_shapes", ["model=temporal_attention", f"features_dir=${{data.root}}/features/{MOTION}"]),
     Variant("temporal_2d+3d", "moving_shapes", [
