@@ -75,7 +75,8 @@ VIDEO_VARIANTS = [
 # is R(2+1)D-18 with SEEDED RANDOM weights (no Kinetics weights offline): what a random 3-D
 # network keeps of a clip, not what a trained one would.
 MOTION = "r2plus1d_18"
-MOTION_EXTRACT = [f"encoder={MOTION}", "encoder.weights=none", "encoder.frames=16", "encoder.frame_size=64",
+FRAMES = "encoder.frames=16"  # both streams sample the same frames (their indices must agree)
+MOTION_EXTRACT = [f"encoder={MOTION}", "encoder.weights=none", FRAMES, "encoder.frame_size=64",
                   "encoder.clip_length=8"]  # 8-frame clips at 64 px: ~1/6 of the 16 x 112 px cost
 STREAM_VARIANTS = [
     Variant("temporal_3d", "moving_shapes", ["model=temporal_attention", f"features_dir=${{data.root}}/features/{MOTION}"]),
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.only != "images" and chosen("moving_shapes"):
         root = out / "data" / "moving_shapes"
         cli("generate", "dataset=moving_shapes", f"num_items={b.videos}", f"root={root}")
-        cli("extract", "data=moving_shapes", f"data.root={root}", "encoder.frames=16", "encoder.frame_size=96",
+        cli("extract", "data=moving_shapes", f"data.root={root}", FRAMES, "encoder.frame_size=96",
             "trainer.enable_progress_bar=false")
         if any(v in STREAM_VARIANTS for v in chosen("moving_shapes")):
             cli("extract", "data=moving_shapes", f"data.root={root}", *MOTION_EXTRACT,

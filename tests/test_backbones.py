@@ -142,6 +142,21 @@ def test_packaged_lite0_classifies_chelsea_as_a_cat() -> None:
     assert grid.shape == (1, 1280, 7, 7)
 
 
+def test_lite0_state_dict_file_with_lukemelas_keys_runs_like_the_packaged_weights(tmp_path: Path) -> None:
+    """The packaged file given by path (lukemelas keys: a TF port) builds the same TF-padded network."""
+    import shutil
+
+    from captioning.features.backbones import packaged_lite0_path
+
+    path = tmp_path / "lite0.pth"
+    shutil.copy(packaged_lite0_path(), path)
+    packaged, by_path = build_backbone(EncoderConfig()), build_backbone(EncoderConfig(weights=str(path)))
+    assert by_path.settings()["weights"].startswith("file:lite0.pth:sha256=")
+    x = torch.randn(1, 3, 224, 224)
+    with torch.inference_mode():
+        assert torch.equal(packaged(x), by_path(x))
+
+
 def test_packaged_lite0_grid_response_is_centred_on_the_object() -> None:
     """A red square in cell (r, c) of a grey 224-px image: the centroid of the squared change it
     makes to the 7x7 grid lies on that cell on average (with symmetric padding it sat +0.69 rows,

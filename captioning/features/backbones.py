@@ -270,7 +270,10 @@ def _timm_meta(model: nn.Module) -> tuple[tuple[float, float, float], tuple[floa
     return mean, std, interp  # type: ignore[return-value]
 
 
-def _build_timm(cfg: EncoderConfig, arch: str, packaged_ok: bool = False) -> BuiltModel:
+def _build_timm(cfg: EncoderConfig, arch: str, packaged_ok: bool = False,
+                state: dict[str, torch.Tensor] | None = None) -> BuiltModel:
+    """timm ``arch`` with ``cfg.weights``; ``state``: the weights file's state dict when the caller
+    has read it already."""
     import timm
 
     w = cfg.weights
@@ -304,10 +307,10 @@ def _build_timm(cfg: EncoderConfig, arch: str, packaged_ok: bool = False) -> Bui
         _load_into(model, map_state_dict_by_position(state, model.state_dict(), str(path)), str(path))
         weights_id = f"packaged:{arch}:{path.stem}:sha256={file_sha256(path)}"
     elif w not in WEIGHT_MODES:
-        state = load_state_dict_file(w)
+        state = load_state_dict_file(w) if state is None else state
         target = model.state_dict()
-        if packaged_ok and set(state) != set(target) and next(iter(state)).startswith("_conv_stem"):
-            state = map_state_dict_by_position(state, target, w)  # lukemelas-style EfficientNet keys
+        if packaged_ok and set(state) != set(target) and _lukemelas_keys(state):
+            state = map_state_dict_by_position(state, target, w)
         _load_into(model, state, w)
         weights_id = f"file:{Path(w).name}:sha256={file_sha256(w)}"
     model.eval()
@@ -316,14 +319,9 @@ def _build_timm(cfg: EncoderConfig, arch: str, packaged_ok: bool = False) -> Bui
     return BuiltModel(model, features, layer, weights_id, mean, std, interp)
 
 
-def _is_tf_port(weights: str) -> bool:
-    """The packaged file, or a state dict file with lukemelas-style keys (``_conv_stem...``): both
-    TensorFlow ports, trained with TF's "same" padding."""
-    if weights == "packaged":
-        return True
-    if weights in WEIGHT_MODES:
-        return False
-    return next(iter(load_state_dict_file(weights)), "").startswith("_conv_stem")
+def _lukemelas_keys(state: dict[str, torch.Tensor]) -> bool:
+    """lukemelas-style EfficientNet keys (``_conv_stem...``): a TensorFlow port, TF "same" padding."""
+    return next(iter(state), "").startswith("_conv_stem")
 
 
 @register_backbone("efficientnet_lite0")
@@ -335,9 +333,10 @@ def _efficientnet_lite0(cfg: EncoderConfig) -> BuiltModel:
     symmetric padding), and the classifier is surer of skimage's cat ("Egyptian cat" 0.37 vs 0.32
     centre-cropped, 0.80 vs 0.54 squeezed to 224 x 224 with a bilinear resize).
     Preprocessing stays as with ``efficientnet_lite0``: ImageNet mean/std, bicubic resize."""
-    if not _is_tf_port(cfg.weights):
-        return _build_timm(cfg, "efficientnet_lite0", packaged_ok=True)
-    built = _build_timm(cfg, "tf_efficientnet_lite0", packaged_ok=True)
+    state = load_state_dict_file(cfg.weights) if cfg.weights not in WEIGHT_MODES else None  # read once
+    if not (cfg.weights == "packaged" or (state is not None and _lukemelas_keys(state))):
+        return _build_timm(cfg, "efficientnet_lite0", packaged_ok=True, state=state)
+    built = _build_timm(cfg, "tf_efficientnet_lite0", packaged_ok=True, state=state)
     return dataclasses.replace(built, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
