@@ -70,7 +70,8 @@ class CaptionResult:
         return self.error is None
 
     def figure(self, path: str | Path, **kwargs: Any) -> Path:
-        """Save this caption's attention figure as PNG (``captioning.viz.heatmaps.plot_result``)."""
+        """Save this caption's attention figure (PNG, or JPEG/PDF/SVG by the path's suffix;
+        ``captioning.viz.heatmaps.plot_result``)."""
         from captioning.viz.heatmaps import plot_result
 
         return plot_result(self, path, **kwargs)

@@ -173,6 +173,16 @@ def test_image_attention_figure_20_words_and_hard_points(tmp_path):
     image_attention_figure(img, ["$", "50$", "x_1^2"], att[:3], GRID, tmp_path / "g.png")
 
 
+@pytest.mark.parametrize("name, fmt", [("f.jpg", "JPEG"), ("f.JPEG", "JPEG"), ("f.png", "PNG"), ("f.fig", "PNG")])
+def test_figure_bytes_match_the_file_suffix(tmp_path, name, fmt):
+    """A figure saved as x.jpg is a JPEG (it was PNG bytes under a .jpg name); unknown suffixes get PNG."""
+    att = np.full((2, 7, 7), 1 / 49)
+    img = np.asarray(Image.new("RGB", (64, 64), (120, 160, 200)))
+    out = image_attention_figure(img, ["a", "b"], att, GRID, tmp_path / name)
+    with Image.open(out) as im:
+        assert im.format == fmt
+
+
 def test_image_attention_figure_rejects_mismatched_shapes(tmp_path):
     img = synthetic_image(64)
     with pytest.raises(ValueError, match="tokens"):

@@ -289,11 +289,22 @@ def _short(word: str, limit: int = 16) -> str:
     return word if len(word) <= limit else word[: limit - 1] + "\u2026"
 
 
+FIGURE_FORMATS = ("png", "jpg", "jpeg", "pdf", "svg")
+
+
+def figure_format(path: str | Path) -> str:
+    """The file format a figure path asks for by its suffix (``png`` when it names none of
+    ``FIGURE_FORMATS``): the bytes must match the name, since the temp file has no suffix."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    return suffix if suffix in FIGURE_FORMATS else "png"
+
+
 def _save(fig: Figure, out_path: str | Path, dpi: int) -> Path:
     FigureCanvasAgg(fig)
+    fmt = figure_format(out_path)
 
     def write(p: Path) -> None:
-        fig.savefig(p, format="png", dpi=dpi, facecolor="white")
+        fig.savefig(p, format=fmt, dpi=dpi, facecolor="white")
         os.chmod(p, 0o644)  # the atomic temp file is 0600; figures are meant to be shared/served
 
     return atomic_write(out_path, write)
