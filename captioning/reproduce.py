@@ -51,6 +51,7 @@ class Variant:
     data: str
     overrides: list[str] = field(default_factory=list)
     lstm: bool = True  # the budget's LSTM sizes apply (other decoders keep their conf/model sizes)
+    stores: tuple[str, ...] = ()  # FeatureStores beyond the default one it reads (keys of EXTRA_STORES)
 
 
 # spatial attention sees WHERE each region is (a 2-D code) and temporal attention WHEN each frame is
@@ -79,11 +80,24 @@ FRAMES = "encoder.frames=16"  # both streams sample the same frames (their indic
 MOTION_EXTRACT = [f"encoder={MOTION}", "encoder.weights=none", FRAMES, "encoder.frame_size=64",
                   "encoder.clip_length=8"]  # 8-frame clips at 64 px: ~1/6 of the 16 x 112 px cost
 STREAM_VARIANTS = [
-    Variant("temporal_3d", "moving_shapes", ["model=temporal_attention", f"features_dir=${{data.root}}/features/{MOTION}"]),
+    Variant("temporal_3d", "moving_shapes", ["model=temporal_attention", f"features_dir=${{data.root}}/features/{MOTION}"],
+            stores=(MOTION,)),
     Variant("temporal_2d+3d", "moving_shapes", [
         "model=temporal_attention",
-        f"features_dir=[${{data.root}}/features/efficientnet_lite0,${{data.root}}/features/{MOTION}]"]),
+        f"features_dir=[${{data.root}}/features/efficientnet_lite0,${{data.root}}/features/{MOTION}]"], stores=(MOTION,)),
 ]
+# A 14 x 14 grid: the same network at 448 px (16-px cells; an object covers ~3 x 3 cells instead of
+# ~1.5 x 1.5, so a peak one cell off its centre still lies on it).  ~4x the extraction FLOPs.
+FINE = "efficientnet_lite0_448"
+FINE_VARIANTS = [  # lambda = 0 (the model=soft_attention default): at N = 196 regions lambda = 1 would
+    # push the coverage of ~15 words towards uniform even harder than at N = 49
+    Variant("soft_14x14", "shapes", ["model=soft_attention", "model.position_code=sinusoidal",
+                                     f"features_dir=${{data.root}}/features/{FINE}"], stores=(FINE,)),
+    Variant("mean_pool_14x14", "shapes", ["model=mean_pool", f"features_dir=${{data.root}}/features/{FINE}"],
+            stores=(FINE,)),
+]
+# name -> extraction overrides of a FeatureStore that only some variants read (extracted when one is chosen)
+EXTRA_STORES = {MOTION: MOTION_EXTRACT, FINE: ["encoder.image_size=448"]}
 NO_ATTENTION = ("mean_pool", "show_tell")
 
 
@@ -301,10 +315,11 @@ def claims(table: list[dict]) -> list[str]:
     def line(text: str, verdict: str, *values) -> None:
         out.append(f"- {text}: {verdict} ({' vs '.join(num(x) for x in values)})")
 
-    for key, what in (("CIDEr", "CIDEr"), ("binding_accuracy", "binding accuracy")):
-        a, b = get(s, "soft_additive", key), get(s, "mean_pool", key)
-        line(f"soft attention > mean pooling on shapes ({what})", beats(a, b), a, b)
-    for name in ("soft_additive", "mean_pool"):  # each caption set has its own chance level
+    for soft, pool, grid in (("soft_additive", "mean_pool", ""), ("soft_14x14", "mean_pool_14x14", ", 14x14 grid")):
+        for key, what in (("CIDEr", "CIDEr"), ("binding_accuracy", "binding accuracy")):
+            a, b = get(s, soft, key), get(s, pool, key)
+            line(f"soft attention > mean pooling on shapes{grid} ({what})", beats(a, b), a, b)
+    for name in ("soft_additive", "mean_pool", "soft_14x14"):  # each caption set has its own chance level
         a, c = get(s, name, "binding_accuracy"), get(s, name, "chance_binding_accuracy")
         line(f"{name} binds colours to shapes above its chance level", beats(a, c), a, c)
     a, b = gap("Bleu_4_longest"), gap("Bleu_4_shortest")
@@ -313,6 +328,9 @@ def claims(table: list[dict]) -> list[str]:
     a = get(s, "soft_additive", "pointing_accuracy")
     line("soft attention points at the object a word names (pointing >= 0.6)", at_least(a, 0.6), a,
          get(s, "soft_additive", "chance_pointing_accuracy"))
+    a = get(s, "soft_14x14", "pointing_accuracy")
+    line("soft attention over a 14x14 grid (448 px, lambda = 0) points at the object a word names (pointing >= 0.6)",
+         at_least(a, 0.6), a, get(s, "soft_14x14", "chance_pointing_accuracy"))
     a, c = get(s, "hard_additive", "pointing_accuracy"), get(s, "hard_additive", "chance_pointing_accuracy")
     line("hard attention points above chance", beats(a, c), a, c)
     a, b = get(s, "soft_additive", "coverage_entropy"), get(s, "soft_additive_no_ds", "coverage_entropy")
@@ -364,7 +382,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=["images", "videos"], default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the budget's seeds")
     parser.add_argument("--variants", nargs="+", default=None,
-                        help="run only these variants (see IMAGE_VARIANTS / VIDEO_VARIANTS / STREAM_VARIANTS; "
+                        help="run only these variants (see IMAGE_VARIANTS / VIDEO_VARIANTS / STREAM_VARIANTS / "
+                             "FINE_VARIANTS; "
                              "registered decoders by their model name)")
     for name in ("images", "videos", "image-epochs", "video-epochs"):
         parser.add_argument(f"--{name}", type=int, default=None, help=f"override the budget's {name.replace('-', ' ')}")
@@ -379,28 +398,24 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     every = IMAGE_VARIANTS + VIDEO_VARIANTS + registered_variants()
-    if args.variants:  # the stream variants cost a 3-D extraction: only when asked for by name
-        every += STREAM_VARIANTS
+    if args.variants:  # the stream / 14x14 variants cost another extraction: only when asked for by name
+        every += STREAM_VARIANTS + FINE_VARIANTS
 
     def chosen(data: str) -> list[Variant]:
         return [v for v in every if v.data == data and (args.variants is None or v.name in args.variants)]
 
     variants = []
-    if args.only != "videos" and chosen("shapes"):
-        root = out / "data" / "shapes"
-        cli("generate", "dataset=shapes", f"num_items={b.images}", f"root={root}")
-        cli("extract", "data=shapes", f"data.root={root}", "trainer.enable_progress_bar=false")
-        variants += [dataclasses.replace(v, overrides=[*v.overrides, f"data.root={root}"]) for v in chosen("shapes")]
-    if args.only != "images" and chosen("moving_shapes"):
-        root = out / "data" / "moving_shapes"
-        cli("generate", "dataset=moving_shapes", f"num_items={b.videos}", f"root={root}")
-        cli("extract", "data=moving_shapes", f"data.root={root}", FRAMES, "encoder.frame_size=96",
-            "trainer.enable_progress_bar=false")
-        if any(v in STREAM_VARIANTS for v in chosen("moving_shapes")):
-            cli("extract", "data=moving_shapes", f"data.root={root}", *MOTION_EXTRACT,
-                "trainer.enable_progress_bar=false")
-        variants += [dataclasses.replace(v, overrides=[*v.overrides, f"data.root={root}"])
-                     for v in chosen("moving_shapes")]
+    for data, items, default_store in (("shapes", b.images, []),
+                                       ("moving_shapes", b.videos, [FRAMES, "encoder.frame_size=96"])):
+        if args.only == ("videos" if data == "shapes" else "images") or not chosen(data):
+            continue
+        root = out / "data" / data
+        cli("generate", f"dataset={data}", f"num_items={items}", f"root={root}")
+        cli("extract", f"data={data}", f"data.root={root}", *default_store, "trainer.enable_progress_bar=false")
+        for store in dict.fromkeys(name for v in chosen(data) for name in v.stores):
+            cli("extract", f"data={data}", f"data.root={root}", *EXTRA_STORES[store],
+                f"features_dir={root}/features/{store}", "trainer.enable_progress_bar=false")
+        variants += [dataclasses.replace(v, overrides=[*v.overrides, f"data.root={root}"]) for v in chosen(data)]
     if not variants:
         sys.exit(f"reproduce: no variant selected by --variants {args.variants} --only {args.only}")
     rows = [run_variant(v, seed, b, out) for v in variants for seed in b.seeds]

@@ -11,7 +11,16 @@ import sys
 import pytest
 from conftest import REPO
 
-from captioning.reproduce import aggregate, at_least, beats, claims, within_chance
+from captioning.reproduce import (
+    EXTRA_STORES,
+    FINE_VARIANTS,
+    STREAM_VARIANTS,
+    aggregate,
+    at_least,
+    beats,
+    claims,
+    within_chance,
+)
 
 
 def test_aggregate_mean_and_population_std():
@@ -24,6 +33,17 @@ def test_aggregate_mean_and_population_std():
     assert a["CIDEr"][1] == pytest.approx((2 / 3) ** 0.5)  # sqrt(((1-2)^2 + 0 + (3-2)^2) / 3)
     assert a["Bleu_4"] == (0.5, 0.0)
     assert "Bleu_4" not in b  # NaN values are left out, not averaged
+
+
+def test_variants_on_extra_stores_name_them_and_read_them():
+    """A variant that reads another FeatureStore lists it (so reproduce extracts it first) and its
+    features_dir points there; every listed store has its extraction overrides."""
+    for v in STREAM_VARIANTS + FINE_VARIANTS:
+        assert v.stores, v.name
+        features_dir = next(o for o in v.overrides if o.startswith("features_dir="))
+        for store in v.stores:
+            assert store in EXTRA_STORES, (v.name, store)
+            assert f"/features/{store}" in features_dir, (v.name, store)
 
 
 def test_verdict_rules():
@@ -56,6 +76,9 @@ def _table() -> list[dict]:
          "Bleu_4_longest": (0.3, 0.01), "Bleu_4_shortest": (0.6, 0.01)},
         {"data": s, "variant": "soft_additive_no_ds", "coverage_entropy": (0.5, 0.02), "pointing_accuracy": (0.6, 0.1)},
         {"data": s, "variant": "soft_general", "CIDEr": (3.1, 0.2)},
+        {"data": s, "variant": "soft_14x14", "pointing_accuracy": (0.63, 0.05), "chance_pointing_accuracy": (0.05, 0.0),
+         "CIDEr": (7.0, 0.1), "binding_accuracy": (0.9, 0.01)},
+        {"data": s, "variant": "mean_pool_14x14", "CIDEr": (3.0, 0.1), "binding_accuracy": (0.85, 0.02)},
         {"data": v, "variant": "temporal_attention", "event_order_accuracy": (0.95, 0.02),
          "chance_event_order_accuracy": (0.5, 0.0), "CIDEr": (2.0, 0.1), "attention_in_object": (0.5, 0.05),
          "chance_attention_in_object": (0.2, 0.0), "pointing_accuracy": (0.35, 0.05),
@@ -83,6 +106,10 @@ def test_claims_on_a_fixed_table():
     # gaps: longest 0.5 - 0.3 = 0.2 (std 0.02), shortest 0.6 - 0.6 = 0 (std 0.02)
     assert "REPRODUCED (0.200 vs 0.000)" in verdict("attention's BLEU-4 lead")
     assert "REPRODUCED (0.700 vs 0.050)" in verdict("soft attention points")
+    assert "INCONCLUSIVE (mean above, within std) (0.630 vs 0.050)" in verdict("soft attention over a 14x14 grid")
+    assert "REPRODUCED (7.000 vs 3.000)" in verdict("soft attention > mean pooling on shapes, 14x14 grid (CIDEr)")
+    assert "REPRODUCED (0.900 vs 0.850)" in verdict("soft attention > mean pooling on shapes, 14x14 grid (binding")
+    assert "not measured" in verdict("soft_14x14 binds colours")  # no chance level in the fixed table
     assert "not measured" in verdict("hard attention points")
     assert "REPRODUCED (0.600 vs 0.500)" in verdict("doubly stochastic")
     assert "INCONCLUSIVE" in verdict("pointing with lambda")
