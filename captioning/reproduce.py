@@ -325,12 +325,11 @@ def claims(table: list[dict]) -> list[str]:
     a, b = gap("Bleu_4_longest"), gap("Bleu_4_shortest")
     line("attention's BLEU-4 lead over mean pooling grows with caption length (longest vs shortest bin)",
          beats(a, b), a, b)
-    a = get(s, "soft_additive", "pointing_accuracy")
-    line("soft attention points at the object a word names (pointing >= 0.6)", at_least(a, 0.6), a,
-         get(s, "soft_additive", "chance_pointing_accuracy"))
-    a = get(s, "soft_14x14", "pointing_accuracy")
-    line("soft attention over a 14x14 grid (448 px, lambda = 0) points at the object a word names (pointing >= 0.6)",
-         at_least(a, 0.6), a, get(s, "soft_14x14", "chance_pointing_accuracy"))
+    for name, who in (("soft_additive", "soft attention"),
+                      ("soft_14x14", "soft attention over a 14x14 grid (448 px, lambda = 0)")):
+        a = get(s, name, "pointing_accuracy")
+        line(f"{who} points at the object a word names (pointing >= 0.6)", at_least(a, 0.6), a,
+             get(s, name, "chance_pointing_accuracy"))
     a, c = get(s, "hard_additive", "pointing_accuracy"), get(s, "hard_additive", "chance_pointing_accuracy")
     line("hard attention points above chance", beats(a, c), a, c)
     a, b = get(s, "soft_additive", "coverage_entropy"), get(s, "soft_additive_no_ds", "coverage_entropy")
@@ -407,7 +406,8 @@ def main(argv: list[str] | None = None) -> None:
     variants = []
     for data, items, default_store in (("shapes", b.images, []),
                                        ("moving_shapes", b.videos, [FRAMES, "encoder.frame_size=96"])):
-        if args.only == ("videos" if data == "shapes" else "images") or not chosen(data):
+        kind = "images" if data == "shapes" else "videos"
+        if args.only not in (None, kind) or not chosen(data):
             continue
         root = out / "data" / data
         cli("generate", f"dataset={data}", f"num_items={items}", f"root={root}")
