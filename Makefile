@@ -22,12 +22,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m captioning.demo
 
-## make test: the whole suite, end-to-end runs included (what CI runs)
+## make test: the whole suite, end-to-end runs included (what CI runs). One pytest worker per
+## core (pytest-xdist), a test file per worker (its module fixtures are built once), one torch
+## thread per worker (tests/conftest.py): most tests are single-process and leave a core idle.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q -ra --durations=15
+	$(PY) -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 
 data: $(STAMP)
 	$(VENV)/bin/captioning-generate dataset=shapes

@@ -11,6 +11,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# Under pytest-xdist (`make test`) the workers share the cores: each gets cores / workers torch
+# threads (inherited by the CLIs it starts), since 2 workers x 2 OpenMP threads on 2 cores
+# oversubscribe them and spinning threads cost more than the second worker gains.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    _threads = max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(_threads))
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# pytest-xdist's --dist loadfile hands test files to the workers in collection order: the longest
+# file (one ~6-minute end-to-end reproduction) goes first, not last where it alone would run on
+# while the other workers sit idle.
+LONGEST_FIRST = ("test_reproduce.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: the rest keep their order
+
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 FAKECAP = SHARED / "reference" / "coco-caption-fakecap"

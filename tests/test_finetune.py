@@ -244,7 +244,8 @@ def test_caption_uses_the_finetuned_encoder(shapes, finetuned, tmp_path: Path) -
         assert t.error is None and t.features.dtype == torch.float32 and t.features.shape == (4, 1280)
         with torch.no_grad():  # the training path: crop -> normalise -> encoder -> [h*w, C]
             want = captioner.module.encode(t.pixels[None])[0]
-        torch.testing.assert_close(t.features, want)
+        # the two paths batch differently: float32 sums in another order (1.2e-5 seen single-threaded)
+        torch.testing.assert_close(t.features, want, atol=1e-4, rtol=1e-4)
         assert (t.features - b.features.float()).abs().max() > 1e-3  # not the features the store holds
 
     out = tmp_path / "captions"
