@@ -101,8 +101,10 @@ def test_frame_order_matters_only_with_an_order_aware_model() -> None:
         return -dec.compute_loss(feats, None, tokens)["xe"].detach()
 
     blind = [{"variant": "soft_attention"}, {"variant": "mean_pool"},
-             {"variant": "soft_attention", "scoring": "general"}]
+             {"variant": "soft_attention", "scoring": "general"}, {"variant": "soft_attention", "residual": "median"},
+             {"variant": "soft_attention", "residual": "mean"}]
     aware = [{"variant": "soft_attention", "position_code": "sinusoidal"},
+             {"variant": "soft_attention", "position_code": "sinusoidal", "residual": "median"},
              {"variant": "soft_attention", "position_code": "learned", "position_mode": "add"},
              {"variant": "soft_attention", "bidirectional_encoder": True}]
     for cfg in blind:

@@ -69,6 +69,7 @@ from captioning.models.decoders.base import (
     token_cross_entropy,
 )
 from captioning.models.positions import CODES, MODES, PositionCode
+from captioning.models.residual import CENTRES, Residual
 
 __all__ = ["LSTMConfig", "LSTMDecoder", "VARIANTS"]
 
@@ -96,6 +97,7 @@ class LSTMConfig:
     position_code: str = "none"  # none | sinusoidal | learned: where/when code of each a_i
     position_mode: str = "concat"  # concat [a_i; p_i] | add a_i + p_i
     position_dim: int = 64  # channels of a concatenated code
+    residual: str = "none"  # none | median | mean: attend over [a_i ; (a_i - centre) / sigma] (residual.py)
     doubly_stochastic: float = 1.0  # lambda of eq. 14, against the caption's SUMMED NLL
     # hard attention
     soft_fraction: float = 0.5  # share of training batches that use the soft expectation
@@ -108,7 +110,7 @@ class LSTMConfig:
     def validate(self) -> LSTMConfig:
         """Raise ``ConfigError`` naming the bad key; returns ``self``."""
         choices = {"variant": VARIANTS, "scoring": SCORINGS, "test_mode": TEST_MODES,
-                   "position_code": CODES, "position_mode": MODES}
+                   "position_code": CODES, "position_mode": MODES, "residual": ("none", *CENTRES)}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} is not one of {list(allowed)}; "
@@ -165,14 +167,16 @@ class LSTMDecoder(CaptionDecoder):
         else:
             self.encoder = None
             enc_dim = feature_dim
+        self.residual = Residual(enc_dim, cfg.residual) if (attends and cfg.residual != "none") else None
+        att_in = 2 * enc_dim if self.residual is not None else enc_dim
         self.position: PositionCode | None = None
         if attends and cfg.position_code != "none":
             if self.layout is None:
                 raise ConfigError("model.position_code needs the layout of the features (grid or frames) "
                                   "from the feature store meta; set model.position_code=none")
-            self.position = PositionCode(self.layout, enc_dim, cfg.position_code, cfg.position_mode,
+            self.position = PositionCode(self.layout, att_in, cfg.position_code, cfg.position_mode,
                                          cfg.position_dim)
-        ctx_dim = self.position.out_dim if self.position is not None else enc_dim
+        ctx_dim = self.position.out_dim if self.position is not None else att_in
         self.context_dim = ctx_dim
 
         self.attention = build_attention(cfg.scoring, H, ctx_dim, cfg.attention_dim) if attends else None
@@ -210,6 +214,7 @@ class LSTMDecoder(CaptionDecoder):
             {**small, "variant": "soft_attention", "scoring": "general", "num_layers": 2,
              "position_code": "sinusoidal", "bidirectional_encoder": True},
             {**small, "variant": "hard_attention", "position_code": "learned", "position_mode": "add"},
+            {**small, "variant": "soft_attention", "position_code": "sinusoidal", "residual": "median"},
         ]
 
     # ------------------------------------------------------------------ annotation vectors
@@ -236,7 +241,10 @@ class LSTMDecoder(CaptionDecoder):
         mean = masked_mean(encoded, mask)
         memory: dict[str, Tensor | None] = {"values": None, "keys": None, "mask": mask, "context": None}
         if self.attention is not None:
-            values = self.position(encoded) if self.position is not None else encoded
+            values = encoded
+            if self.residual is not None:
+                values = torch.cat([values, self.residual(values, mask)], -1)
+            values = self.position(values) if self.position is not None else values
             memory["values"] = values
             memory["keys"] = self.attention.precompute(values)
         elif self.uses_context:
