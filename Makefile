@@ -27,10 +27,10 @@ demo: $(STAMP)
 ## thread per worker (tests/conftest.py): most tests are single-process and leave a core idle.
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 data: $(STAMP)
 	$(VENV)/bin/captioning-generate dataset=shapes

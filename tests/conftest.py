@@ -23,7 +23,8 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-# pytest-xdist's --dist loadfile hands test files to the workers in collection order: the longest
+# pytest-xdist's --dist loadfile with --no-loadscope-reorder (the Makefile's; by default xdist hands
+# out the files with the most tests first) hands test files out in collection order: the longest
 # file (one ~6-minute end-to-end reproduction) goes first, not last where it alone would run on
 # while the other workers sit idle.
 LONGEST_FIRST = ("test_reproduce.py",)
