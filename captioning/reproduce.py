@@ -339,12 +339,11 @@ def claims(table: list[dict]) -> list[str]:
     line("pointing with lambda at paper scale vs lambda=0", beats(a, b), a, b)
     a, b = get(s, "soft_additive", "CIDEr"), get(s, "soft_general", "CIDEr")
     line("additive vs general (bilinear) scoring (CIDEr; additive first)", beats(a, b), a, b)
-    a = get(v, "temporal_attention", "event_order_accuracy")
-    line("order-aware temporal attention names events in order (event-order accuracy >= 0.9)", at_least(a, 0.9), a,
-         get(v, "temporal_attention", "chance_event_order_accuracy"))
-    a = get(v, "temporal_residual", "event_order_accuracy")
-    line("temporal attention over frames and their residuals names events in order (event-order accuracy >= 0.9)",
-         at_least(a, 0.9), a, get(v, "temporal_residual", "chance_event_order_accuracy"))
+    for name, model in (("temporal_attention", "order-aware temporal attention"),
+                        ("temporal_residual", "temporal attention over frames and their residuals")):
+        a = get(v, name, "event_order_accuracy")
+        line(f"{model} names events in order (event-order accuracy >= 0.9)", at_least(a, 0.9), a,
+             get(v, name, "chance_event_order_accuracy"))
     for key, what in (("event_recall", "event recall"), ("event_order_accuracy", "event-order accuracy")):
         a, b = get(v, "temporal_residual", key), get(v, "temporal_attention", key)
         line(f"frame residuals (a_i - median frame, standardised) raise {what} over temporal attention", beats(a, b), a, b)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from captioning.models.attention import masked_mean
+
 __all__ = ["CENTRES", "Residual", "centre_of"]
 
 CENTRES = ("median", "mean")
@@ -38,10 +40,7 @@ def centre_of(values: Tensor, mask: Tensor | None, centre: str) -> Tensor:
     """Per-channel ``median`` (the lower middle value for an even count) or ``mean`` over the
     valid positions: ``values [B,N,C]``, ``mask [B,N]`` -> ``[B,C]``."""
     if centre == "mean":
-        if mask is None:
-            return values.mean(1)
-        m = mask.unsqueeze(-1).to(values.dtype)
-        return (values * m).sum(1) / m.sum(1).clamp_min(1.0)
+        return masked_mean(values, mask)
     if mask is None:
         return values.median(1).values
     return values.masked_fill(~mask.unsqueeze(-1), float("nan")).nanmedian(1).values.nan_to_num(0.0)
