@@ -14,6 +14,7 @@ from conftest import REPO
 from captioning.reproduce import (
     EXTRA_STORES,
     FINE_VARIANTS,
+    FRAMES_224_VARIANTS,
     STREAM_VARIANTS,
     aggregate,
     at_least,
@@ -38,7 +39,7 @@ def test_aggregate_mean_and_population_std():
 def test_variants_on_extra_stores_name_them_and_read_them():
     """A variant that reads another FeatureStore lists it (so reproduce extracts it first) and its
     features_dir points there; every listed store has its extraction overrides."""
-    for v in STREAM_VARIANTS + FINE_VARIANTS:
+    for v in STREAM_VARIANTS + FINE_VARIANTS + FRAMES_224_VARIANTS:
         assert v.stores, v.name
         features_dir = next(o for o in v.overrides if o.startswith("features_dir="))
         for store in v.stores:
@@ -118,6 +119,7 @@ def test_claims_on_a_fixed_table():
     assert "NOT reproduced (within std) (3.000 vs 3.100)" in verdict("additive vs general")
     assert "REPRODUCED (0.950 vs 0.500)" in verdict("order-aware temporal attention")
     assert "REPRODUCED (0.970 vs 0.500)" in verdict("temporal attention over frames and their residuals")
+    assert "not measured" in verdict("temporal attention over 224-px frames")
     assert "REPRODUCED (0.900 vs 0.600)" in verdict("frame residuals (a_i - median frame, standardised) raise event recall")
     # 0.97 vs 0.95: the gap 0.02 is within the summed stds 0.03
     assert "INCONCLUSIVE (right direction, within std)" in verdict("frame residuals (a_i - median frame, standardised) raise event-order")
