@@ -13,9 +13,9 @@ from conftest import REPO
 
 from captioning.reproduce import (
     EXTRA_STORES,
-    FINE_VARIANTS,
-    FRAMES_224_VARIANTS,
-    STREAM_VARIANTS,
+    IMAGE_VARIANTS,
+    ON_EXTRA_STORES,
+    VIDEO_VARIANTS,
     aggregate,
     at_least,
     beats,
@@ -38,8 +38,12 @@ def test_aggregate_mean_and_population_std():
 
 def test_variants_on_extra_stores_name_them_and_read_them():
     """A variant that reads another FeatureStore lists it (so reproduce extracts it first) and its
-    features_dir points there; every listed store has its extraction overrides."""
-    for v in STREAM_VARIANTS + FINE_VARIANTS + FRAMES_224_VARIANTS:
+    features_dir points there; every listed store has its extraction overrides; the default variants
+    read the default store only (a features_dir override there would skip its extraction)."""
+    for v in IMAGE_VARIANTS + VIDEO_VARIANTS:
+        assert not v.stores and not any(o.startswith("features_dir=") for o in v.overrides), v.name
+    assert {s for v in ON_EXTRA_STORES for s in v.stores} == set(EXTRA_STORES)  # no store left unread
+    for v in ON_EXTRA_STORES:
         assert v.stores, v.name
         features_dir = next(o for o in v.overrides if o.startswith("features_dir="))
         for store in v.stores:
