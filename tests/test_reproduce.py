@@ -163,6 +163,9 @@ def test_reproduce_runs_the_clis_and_writes_the_table(tmp_path):
         ("moving_shapes", "temporal_attention"), ("moving_shapes", "mean_pool")}
     for r in runs:  # every metric the table needs was measured, and is a probability / a score
         assert r["CIDEr"] >= 0 and 0 <= r["Bleu_4"] <= 1
+        # the image models still learn the words at this size (CIDEr 0.47 / 0.73 measured); the
+        # video models on 48 training videos do not (0.008 / 0.0), so only the range is checked there
+        assert r["CIDEr"] > 0.1 or r["data"] == "moving_shapes", r
         key = "binding_accuracy" if r["data"] == "shapes" else "event_order_accuracy"
         assert 0 <= r[key] <= 1 and 0 <= r["chance_" + key] <= 1
     soft = next(r for r in runs if r["variant"] == "soft_additive")
