@@ -24,7 +24,8 @@ metadata, see ``captioning.evaluation.structure``):
 
 Every run is the real CLI (``captioning-train`` then ``captioning-evaluate``); runs that
 finished before are reused (their ``metrics.json`` exists), so an interrupted reproduction
-continues.  Writes ``results/reproduce/results.md``, ``results.json`` and plots.
+continues.  Writes ``results/reproduce/results.md``, ``results.json`` and plots (with
+``--block-trigrams``: ``results_block_trigrams.{md,json}``, from the same checkpoints).
 Equivalent Hydra multirun for one cell of the table:
 ``captioning-train -m data=shapes model=soft_attention,mean_pool seed=0,1,2``.
 """
@@ -101,16 +102,24 @@ FINE_VARIANTS = [  # lambda = 0 (the model=soft_attention default): at N = 196 r
 # of the last 7x7 map instead of ~1 of 3x3, and a linear probe names its shape 0.99 instead of
 # 0.88 of the time (README).  ~4x the extraction time of the default store (1.0 vs 3.9 videos/s on 2 cores).
 FRAMES_224 = "efficientnet_lite0_224"
+# Beside it, the same network's stride-8 stage (40 channels, pooled per frame): early layers keep
+# colour, which the last layer (trained with colour augmentation) blurs; ~0.5x the extraction time of FRAMES_224.
+LAYER2_224 = "efficientnet_lite0_224_layer2"
 FRAMES_224_VARIANTS = [
     Variant("temporal_residual_224", "moving_shapes", [
         "model=temporal_attention", "model.residual=median", f"features_dir=${{data.root}}/features/{FRAMES_224}"],
         stores=(FRAMES_224,)),
+    Variant("temporal_residual_224+layer2", "moving_shapes", [
+        "model=temporal_attention", "model.residual=median",
+        f"features_dir=[${{data.root}}/features/{FRAMES_224},${{data.root}}/features/{LAYER2_224}]"],
+        stores=(FRAMES_224, LAYER2_224)),
 ]
 # Variants that read a FeatureStore of their own: each costs another extraction, so they run only when named
 ON_EXTRA_STORES = [*STREAM_VARIANTS, *FINE_VARIANTS, *FRAMES_224_VARIANTS]
 # name -> extraction overrides of a FeatureStore that only some variants read (extracted when one is chosen)
 EXTRA_STORES = {MOTION: MOTION_EXTRACT, FINE: ["encoder.image_size=448"],
-                FRAMES_224: [FRAMES, "encoder.frame_size=224"]}
+                FRAMES_224: [FRAMES, "encoder.frame_size=224"],
+                LAYER2_224: [FRAMES, "encoder.frame_size=224", "encoder.layer=2"]}
 NO_ATTENTION = ("mean_pool", "show_tell")
 
 
@@ -169,10 +178,17 @@ GROUNDING_KEYS = ("attention_in_object", "chance_attention_in_object", "pointing
                   "chance_pointing_accuracy")
 
 
-def run_variant(v: Variant, seed: int, b: Budget, out: Path) -> dict:
+# Test-split decoding of every row (reproduce --block-trigrams adds decode.block_trigrams=true)
+DECODE = ["decode=beam", "decode.beam_size=3"]
+
+
+def run_variant(v: Variant, seed: int, b: Budget, out: Path, block_trigrams: bool = False) -> dict:
+    """Train (unless the run finished before) and evaluate on the test split (unless evaluated
+    with the same decoding before: ``eval/``, or ``eval_block_trigrams/``)."""
     run = out / "runs" / f"{v.data}-{v.name}-s{seed}"
-    ev = run / "eval"
-    reused = (ev / "metrics.json").is_file()
+    ev = run / ("eval_block_trigrams" if block_trigrams else "eval")
+    decode = [*DECODE, "decode.block_trigrams=true"] if block_trigrams else DECODE
+    reused = (run / "train_summary.json").is_file()
     if not reused:
         epochs = b.image_epochs if v.data == "shapes" else b.video_epochs
         sizes = [f"model.hidden_dim={b.hidden}", f"model.embed_dim={b.hidden // 2}",
@@ -180,10 +196,11 @@ def run_variant(v: Variant, seed: int, b: Budget, out: Path) -> dict:
         cli("train", f"data={v.data}", *v.overrides, *sizes, f"seed={seed}", f"trainer.max_epochs={epochs}",
             "optim.lr=1e-3", "callbacks.early_stopping=null", "callbacks.progress=null", "logger=csv",
             "trainer.enable_progress_bar=false", f"hydra.run.dir={run}")
+    if not (ev / "metrics.json").is_file():
         summary = read_json(run / "train_summary.json", "training summary")
         cli("evaluate", f"ckpt_path={summary['best_checkpoint'] or summary['last_checkpoint']}", "split=test",
-            "decode=beam", "decode.beam_size=3", "metrics=[bleu,rouge,cider]", f"output_dir={ev}",
-            "trainer.enable_progress_bar=false", f"hydra.run.dir={run}/hydra_eval")
+            *decode, "metrics=[bleu,rouge,cider]", f"output_dir={ev}",
+            "trainer.enable_progress_bar=false", f"hydra.run.dir={run}/hydra_{ev.name}")
     metrics = read_json(ev / "metrics.json", "metrics")
     report = read_json(ev / "report.json", "evaluation report")
     predictions = read_json(ev / "predictions.json", "predictions")
@@ -234,10 +251,11 @@ def _with_chance(e: dict, key: str) -> str:
     return f"{fmt(e.get(key))} ({fmt(e.get('chance_' + key))})"
 
 
-def write_tables(table: list[dict], rows: list[dict], out: Path, budget: Budget, seconds: float) -> Path:
+def write_tables(table: list[dict], rows: list[dict], out: Path, budget: Budget, seconds: float,
+                 block_trigrams: bool = False) -> Path:
     lines = [f"Seeds: {list(budget.seeds)}; {budget.images} images / {budget.videos} videos; "
              f"{budget.image_epochs} / {budget.video_epochs} epochs; LSTM hidden {budget.hidden}; "
-             f"test split, beam 3. This invocation: {seconds / 60:.1f} min, {sum(not r['reused'] for r in rows)} "
+             f"test split, beam 3{', trigram blocking' if block_trigrams else ''}. This invocation: {seconds / 60:.1f} min, {sum(not r['reused'] for r in rows)} "
              f"runs trained, {sum(r['reused'] for r in rows)} reused from an earlier invocation.", ""]
     images = [e for e in table if e["data"] == "shapes"]
     videos = [e for e in table if e["data"] == "moving_shapes"]
@@ -269,9 +287,10 @@ def write_tables(table: list[dict], rows: list[dict], out: Path, budget: Budget,
               "met by the mean minus its std; 'within chance': within two binomial standard errors of the "
               "chance level over the scored test captions):"]
     lines += claims(table)
-    path = out / "results.md"
+    stem = "results_block_trigrams" if block_trigrams else "results"  # the two decodings side by side
+    path = out / f"{stem}.md"
     atomic_write_text(path, "\n".join(lines) + "\n")
-    atomic_write_json(out / "results.json", {"table": table, "runs": rows})
+    atomic_write_json(path.with_suffix(".json"), {"table": table, "runs": rows})
     return path
 
 
@@ -353,7 +372,8 @@ def claims(table: list[dict]) -> list[str]:
     line("additive vs general (bilinear) scoring (CIDEr; additive first)", beats(a, b), a, b)
     for name, model in (("temporal_attention", "order-aware temporal attention"),
                         ("temporal_residual", "temporal attention over frames and their residuals"),
-                        ("temporal_residual_224", "temporal attention over 224-px frames and their residuals")):
+                        ("temporal_residual_224", "temporal attention over 224-px frames and their residuals"),
+                        ("temporal_residual_224+layer2", "the same with the stride-8 stage beside the last")):
         a = get(v, name, "event_order_accuracy")
         line(f"{model} names events in order (event-order accuracy >= 0.9)", at_least(a, 0.9), a,
              get(v, name, "chance_event_order_accuracy"))
@@ -403,6 +423,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="run only these variants (see IMAGE_VARIANTS / VIDEO_VARIANTS; those on stores of "
                              "their own, ON_EXTRA_STORES, run only when named; registered decoders by their "
                              "model name)")
+    parser.add_argument("--block-trigrams", action="store_true",
+                        help="decode with decode.block_trigrams=true (no trigram twice in a caption; no "
+                             "moving_shapes reference repeats one); runs trained before are only re-evaluated")
     for name in ("images", "videos", "image-epochs", "video-epochs"):
         parser.add_argument(f"--{name}", type=int, default=None, help=f"override the budget's {name.replace('-', ' ')}")
     args = parser.parse_args(argv)
@@ -437,12 +460,12 @@ def main(argv: list[str] | None = None) -> None:
         variants += [dataclasses.replace(v, overrides=[*v.overrides, f"data.root={root}"]) for v in chosen(data)]
     if not variants:
         sys.exit(f"reproduce: no variant selected by --variants {args.variants} --only {args.only}")
-    rows = [run_variant(v, seed, b, out) for v in variants for seed in b.seeds]
+    rows = [run_variant(v, seed, b, out, args.block_trigrams) for v in variants for seed in b.seeds]
     table = aggregate(rows)
-    path = write_tables(table, rows, out, b, time.time() - t0)
+    path = write_tables(table, rows, out, b, time.time() - t0, args.block_trigrams)
     plot_by_length(rows, out)
     print(path.read_text())
-    print(f"written: {path}, {out / 'results.json'}, {out / 'bleu_by_length.png'}")
+    print(f"written: {path}, {path.with_suffix('.json')}, {out / 'bleu_by_length.png'}")
 
 
 if __name__ == "__main__":
