@@ -25,7 +25,8 @@ metadata, see ``captioning.evaluation.structure``):
 Every run is the real CLI (``captioning-train`` then ``captioning-evaluate``); runs that
 finished before are reused (their ``metrics.json`` exists), so an interrupted reproduction
 continues.  Writes ``results/reproduce/results.md``, ``results.json`` and plots (with
-``--block-trigrams``: ``results_block_trigrams.{md,json}``, from the same checkpoints).
+``--block-trigrams`` / ``--select-on-val``: ``results_block_trigrams.md``, ``results_block_trigrams_val_selected.md``,
+..., from the same trained runs).
 Equivalent Hydra multirun for one cell of the table:
 ``captioning-train -m data=shapes model=soft_attention,mean_pool seed=0,1,2``.
 """
@@ -182,11 +183,37 @@ GROUNDING_KEYS = ("attention_in_object", "chance_attention_in_object", "pointing
 DECODE = ["decode=beam", "decode.beam_size=3"]
 
 
-def run_variant(v: Variant, seed: int, b: Budget, out: Path, block_trigrams: bool = False) -> dict:
+def protocol_name(block_trigrams: bool, select_on_val: bool) -> str:
+    """The folder of a run's test evaluation (and suffix of results.md) for one evaluation protocol."""
+    return "eval" + "_block_trigrams" * block_trigrams + "_val_selected" * select_on_val
+
+
+def select_on_val(run: Path, summary: dict, decode: list[str], protocol: str) -> str:
+    """The checkpoint to test: of the best (by the greedy validation CIDEr logged in training) and
+    the last one, the one with the higher validation CIDEr under the test's own decoding (ties:
+    the best).  Each is evaluated once (``<protocol>_val/<checkpoint>/``); the choice goes to
+    ``<protocol>_val/selection.json``."""
+    scores = {}
+    for ckpt in dict.fromkeys(c for c in (summary.get("best_checkpoint"), summary.get("last_checkpoint")) if c):
+        ev = run / f"{protocol}_val" / Path(ckpt).stem
+        if not (ev / "metrics.json").is_file():
+            cli("evaluate", f"ckpt_path={ckpt}", "split=val", *decode, "metrics=[bleu,rouge,cider]",
+                f"output_dir={ev}", "trainer.enable_progress_bar=false", f"hydra.run.dir={ev}_hydra")
+        scores[ckpt] = read_json(ev / "metrics.json", "validation metrics")["CIDEr"]
+    chosen = max(scores, key=scores.get)  # the first (best) on a tie
+    atomic_write_json(run / f"{protocol}_val" / "selection.json", {"val_CIDEr": scores, "chosen": chosen})
+    return chosen
+
+
+def run_variant(v: Variant, seed: int, b: Budget, out: Path, block_trigrams: bool = False,
+                val_selected: bool = False) -> dict:
     """Train (unless the run finished before) and evaluate on the test split (unless evaluated
-    with the same decoding before: ``eval/``, or ``eval_block_trigrams/``)."""
+    under the same protocol before: ``eval/``, ``eval_block_trigrams/``, ... see protocol_name).
+    The checkpoint tested is the best by the training's validation CIDEr, or with ``val_selected``
+    the one ``select_on_val`` picks."""
     run = out / "runs" / f"{v.data}-{v.name}-s{seed}"
-    ev = run / ("eval_block_trigrams" if block_trigrams else "eval")
+    protocol = protocol_name(block_trigrams, val_selected)
+    ev = run / protocol
     decode = [*DECODE, "decode.block_trigrams=true"] if block_trigrams else DECODE
     reused = (run / "train_summary.json").is_file()
     if not reused:
@@ -198,8 +225,9 @@ def run_variant(v: Variant, seed: int, b: Budget, out: Path, block_trigrams: boo
             "trainer.enable_progress_bar=false", f"hydra.run.dir={run}")
     if not (ev / "metrics.json").is_file():
         summary = read_json(run / "train_summary.json", "training summary")
-        cli("evaluate", f"ckpt_path={summary['best_checkpoint'] or summary['last_checkpoint']}", "split=test",
-            *decode, "metrics=[bleu,rouge,cider]", f"output_dir={ev}",
+        ckpt = (select_on_val(run, summary, decode, protocol) if val_selected
+                else summary["best_checkpoint"] or summary["last_checkpoint"])
+        cli("evaluate", f"ckpt_path={ckpt}", "split=test", *decode, "metrics=[bleu,rouge,cider]", f"output_dir={ev}",
             "trainer.enable_progress_bar=false", f"hydra.run.dir={run}/hydra_{ev.name}")
     metrics = read_json(ev / "metrics.json", "metrics")
     report = read_json(ev / "report.json", "evaluation report")
@@ -252,10 +280,12 @@ def _with_chance(e: dict, key: str) -> str:
 
 
 def write_tables(table: list[dict], rows: list[dict], out: Path, budget: Budget, seconds: float,
-                 block_trigrams: bool = False) -> Path:
+                 block_trigrams: bool = False, val_selected: bool = False) -> Path:
     lines = [f"Seeds: {list(budget.seeds)}; {budget.images} images / {budget.videos} videos; "
              f"{budget.image_epochs} / {budget.video_epochs} epochs; LSTM hidden {budget.hidden}; "
-             f"test split, beam 3{', trigram blocking' if block_trigrams else ''}. This invocation: {seconds / 60:.1f} min, {sum(not r['reused'] for r in rows)} "
+             f"test split, beam 3{', trigram blocking' if block_trigrams else ''}, "
+             f"{'checkpoint selected on val with that decoding' if val_selected else 'best val-CIDEr checkpoint'}. "
+             f"This invocation: {seconds / 60:.1f} min, {sum(not r['reused'] for r in rows)} "
              f"runs trained, {sum(r['reused'] for r in rows)} reused from an earlier invocation.", ""]
     images = [e for e in table if e["data"] == "shapes"]
     videos = [e for e in table if e["data"] == "moving_shapes"]
@@ -287,8 +317,7 @@ def write_tables(table: list[dict], rows: list[dict], out: Path, budget: Budget,
               "met by the mean minus its std; 'within chance': within two binomial standard errors of the "
               "chance level over the scored test captions):"]
     lines += claims(table)
-    stem = "results_block_trigrams" if block_trigrams else "results"  # the two decodings side by side
-    path = out / f"{stem}.md"
+    path = out / f"results{protocol_name(block_trigrams, val_selected)[4:]}.md"  # protocols side by side
     atomic_write_text(path, "\n".join(lines) + "\n")
     atomic_write_json(path.with_suffix(".json"), {"table": table, "runs": rows})
     return path
@@ -426,6 +455,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-trigrams", action="store_true",
                         help="decode with decode.block_trigrams=true (no trigram twice in a caption; no "
                              "moving_shapes reference repeats one); runs trained before are only re-evaluated")
+    parser.add_argument("--select-on-val", action="store_true",
+                        help="test the best or the last checkpoint, whichever has the higher validation CIDEr "
+                             "under the test's decoding (default: the best by the greedy validation CIDEr of training)")
     for name in ("images", "videos", "image-epochs", "video-epochs"):
         parser.add_argument(f"--{name}", type=int, default=None, help=f"override the budget's {name.replace('-', ' ')}")
     args = parser.parse_args(argv)
@@ -460,9 +492,9 @@ def main(argv: list[str] | None = None) -> None:
         variants += [dataclasses.replace(v, overrides=[*v.overrides, f"data.root={root}"]) for v in chosen(data)]
     if not variants:
         sys.exit(f"reproduce: no variant selected by --variants {args.variants} --only {args.only}")
-    rows = [run_variant(v, seed, b, out, args.block_trigrams) for v in variants for seed in b.seeds]
+    rows = [run_variant(v, seed, b, out, args.block_trigrams, args.select_on_val) for v in variants for seed in b.seeds]
     table = aggregate(rows)
-    path = write_tables(table, rows, out, b, time.time() - t0, args.block_trigrams)
+    path = write_tables(table, rows, out, b, time.time() - t0, args.block_trigrams, args.select_on_val)
     plot_by_length(rows, out)
     print(path.read_text())
     print(f"written: {path}, {path.with_suffix('.json')}, {out / 'bleu_by_length.png'}")

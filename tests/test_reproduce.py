@@ -54,10 +54,12 @@ def test_variants_on_extra_stores_name_them_and_read_them():
             assert f"/features/{store}" in features_dir, (v.name, store)
 
 
-def test_run_variant_trains_once_and_evaluates_once_per_decoding(tmp_path, monkeypatch):
-    """A finished training is never repeated; each decoding (beam 3, beam 3 + trigram blocking)
-    is evaluated once, into its own folder, from the same best checkpoint."""
+def test_run_variant_trains_once_and_evaluates_once_per_protocol(tmp_path, monkeypatch):
+    """A finished training is never repeated; each protocol (beam 3, + trigram blocking, + the
+    checkpoint selected on val) is evaluated once, into its own folder; selection on val tests the
+    checkpoint (best or last) with the higher validation CIDEr under the same decoding."""
     calls = []
+    val_cider = {"best.ckpt": 7.3, "last.ckpt": 7.8}  # the last checkpoint decodes better on val
 
     def fake_cli(module, *args):
         calls.append((module, args))
@@ -65,30 +67,45 @@ def test_run_variant_trains_once_and_evaluates_once_per_decoding(tmp_path, monke
         if module == "train":
             run = tmp_path / opt["hydra.run.dir"]
             run.mkdir(parents=True, exist_ok=True)
-            (run / "train_summary.json").write_text(json.dumps({"best_checkpoint": "best.ckpt"}))
-        else:
-            ev = tmp_path / opt["output_dir"]
-            ev.mkdir(parents=True)
-            (ev / "metrics.json").write_text(json.dumps({"CIDEr": 2.0 if "decode.block_trigrams" in opt else 1.0}))
-            (ev / "report.json").write_text("{}")
-            (ev / "predictions.json").write_text("[]")
+            (run / "train_summary.json").write_text(json.dumps({"best_checkpoint": "best.ckpt",
+                                                                "last_checkpoint": "last.ckpt"}))
+            return
+        ev = tmp_path / opt["output_dir"]
+        ev.mkdir(parents=True)
+        cider = val_cider[opt["ckpt_path"]] if opt["split"] == "val" else (
+            2.0 if "decode.block_trigrams" in opt else 1.0) + (opt["ckpt_path"] == "last.ckpt")
+        (ev / "metrics.json").write_text(json.dumps({"CIDEr": cider}))
+        (ev / "report.json").write_text("{}")
+        (ev / "predictions.json").write_text("[]")
 
     monkeypatch.setattr(reproduce, "cli", fake_cli)
     v, out = Variant("temporal_attention", "moving_shapes", ["model=temporal_attention"]), tmp_path / "rep"
+    run = out / "runs" / "moving_shapes-temporal_attention-s0"
     first = reproduce.run_variant(v, 0, FULL, out)
     assert [m for m, _ in calls] == ["train", "evaluate"] and not first["reused"] and first["CIDEr"] == 1.0
     assert "decode.block_trigrams=true" not in calls[1][1] and "decode.beam_size=3" in calls[1][1]
+    assert "ckpt_path=best.ckpt" in calls[1][1]
     calls.clear()
     blocked = reproduce.run_variant(v, 0, FULL, out, block_trigrams=True)
     assert [m for m, _ in calls] == ["evaluate"] and blocked["reused"] and blocked["CIDEr"] == 2.0
     assert "ckpt_path=best.ckpt" in calls[0][1] and "decode.block_trigrams=true" in calls[0][1]
-    assert f"output_dir={out / 'runs' / 'moving_shapes-temporal_attention-s0' / 'eval_block_trigrams'}" in calls[0][1]
+    assert f"output_dir={run / 'eval_block_trigrams'}" in calls[0][1]
     calls.clear()
-    assert reproduce.run_variant(v, 0, FULL, out)["CIDEr"] == 1.0 and calls == []  # both reused
-    path = reproduce.write_tables(aggregate([blocked]), [blocked], out, FULL, 60.0, block_trigrams=True)
-    assert path == out / "results_block_trigrams.md" and not (out / "results.md").exists()  # beside, not over
-    assert "beam 3, trigram blocking." in path.read_text()
-    assert json.loads(path.with_suffix(".json").read_text())["runs"][0]["CIDEr"] == 2.0
+    selected = reproduce.run_variant(v, 0, FULL, out, block_trigrams=True, val_selected=True)
+    assert [(m, dict(a.split("=", 1) for a in args if "=" in a)["split"]) for m, args in calls] == [
+        ("evaluate", "val"), ("evaluate", "val"), ("evaluate", "test")]
+    assert all("decode.block_trigrams=true" in args for _, args in calls)  # val decodes as test does
+    assert "ckpt_path=last.ckpt" in calls[2][1] and selected["CIDEr"] == 3.0
+    assert json.loads((run / "eval_block_trigrams_val_selected_val" / "selection.json").read_text())["chosen"] == \
+        "last.ckpt"
+    calls.clear()
+    for kw in ({}, {"block_trigrams": True}, {"block_trigrams": True, "val_selected": True}):
+        reproduce.run_variant(v, 0, FULL, out, **kw)
+    assert calls == []  # all reused
+    path = reproduce.write_tables(aggregate([selected]), [selected], out, FULL, 60.0, True, True)
+    assert path == out / "results_block_trigrams_val_selected.md" and not (out / "results.md").exists()
+    assert "beam 3, trigram blocking, checkpoint selected on val with that decoding." in path.read_text()
+    assert json.loads(path.with_suffix(".json").read_text())["runs"][0]["CIDEr"] == 3.0
 
 
 def test_verdict_rules():
