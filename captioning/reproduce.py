@@ -22,10 +22,11 @@ metadata, see ``captioning.evaluation.structure``):
    WITHOUT the time code is at chance on order too (the code is what carries time).
 5. Every other registered decoder (e.g. the Transformer) runs on both datasets as one more row.
 
-Every run is the real CLI (``captioning-train`` then ``captioning-evaluate``); runs that
-finished before are reused (their ``metrics.json`` exists), so an interrupted reproduction
-continues.  Writes ``results/reproduce/results.md``, ``results.json`` and plots (with
-``--block-trigrams`` / ``--select-on-val``: ``results_block_trigrams.md``, ``results_block_trigrams_val_selected.md``,
+Every run is the real CLI (``captioning-train`` then ``captioning-evaluate``); a training that
+finished before (its ``train_summary.json`` exists) is reused, and so is an evaluation under the
+same Protocol (its ``metrics.json`` exists), so an interrupted reproduction continues.  Writes
+``results/reproduce/results.md``, ``results.json`` and plots (with ``--block-trigrams`` /
+``--select-on-val``: ``results_block_trigrams.md``, ``results_block_trigrams_val_selected.md``,
 ..., from the same trained runs).
 Equivalent Hydra multirun for one cell of the table:
 ``captioning-train -m data=shapes model=soft_attention,mean_pool seed=0,1,2``.
@@ -179,42 +180,53 @@ GROUNDING_KEYS = ("attention_in_object", "chance_attention_in_object", "pointing
                   "chance_pointing_accuracy")
 
 
-# Test-split decoding of every row (reproduce --block-trigrams adds decode.block_trigrams=true)
-DECODE = ["decode=beam", "decode.beam_size=3"]
+@dataclass(frozen=True)
+class Protocol:
+    """How a trained run is tested: beam 3 (+ trigram blocking), on the best checkpoint by the
+    training's greedy validation CIDEr or (``select_on_val``) on the one ``checkpoint_selected_on_val`` picks."""
+
+    block_trigrams: bool = False
+    select_on_val: bool = False
+
+    @property
+    def suffix(self) -> str:
+        """Of the run's evaluation folder (``eval<suffix>/``) and of ``results<suffix>.md``."""
+        return "_block_trigrams" * self.block_trigrams + "_val_selected" * self.select_on_val
+
+    @property
+    def decode(self) -> list[str]:
+        return ["decode=beam", "decode.beam_size=3", *["decode.block_trigrams=true"] * self.block_trigrams]
+
+    def describe(self) -> str:
+        return (f"beam 3{', trigram blocking' if self.block_trigrams else ''}, "
+                f"{'checkpoint selected on val with that decoding' if self.select_on_val else 'best val-CIDEr checkpoint'}")
 
 
-def protocol_name(block_trigrams: bool, select_on_val: bool) -> str:
-    """The folder of a run's test evaluation (and suffix of results.md) for one evaluation protocol."""
-    return "eval" + "_block_trigrams" * block_trigrams + "_val_selected" * select_on_val
+def evaluate(ckpt: str, split: str, protocol: Protocol, ev: Path) -> dict:
+    """``captioning-evaluate`` of one checkpoint into ``ev`` (unless done before); its metrics."""
+    if not (ev / "metrics.json").is_file():
+        cli("evaluate", f"ckpt_path={ckpt}", f"split={split}", *protocol.decode, "metrics=[bleu,rouge,cider]",
+            f"output_dir={ev}", "trainer.enable_progress_bar=false", f"hydra.run.dir={ev}_hydra")
+    return read_json(ev / "metrics.json", f"{split} metrics")
 
 
-def select_on_val(run: Path, summary: dict, decode: list[str], protocol: str) -> str:
-    """The checkpoint to test: of the best (by the greedy validation CIDEr logged in training) and
-    the last one, the one with the higher validation CIDEr under the test's own decoding (ties:
-    the best).  Each is evaluated once (``<protocol>_val/<checkpoint>/``); the choice goes to
-    ``<protocol>_val/selection.json``."""
-    scores = {}
-    for ckpt in dict.fromkeys(c for c in (summary.get("best_checkpoint"), summary.get("last_checkpoint")) if c):
-        ev = run / f"{protocol}_val" / Path(ckpt).stem
-        if not (ev / "metrics.json").is_file():
-            cli("evaluate", f"ckpt_path={ckpt}", "split=val", *decode, "metrics=[bleu,rouge,cider]",
-                f"output_dir={ev}", "trainer.enable_progress_bar=false", f"hydra.run.dir={ev}_hydra")
-        scores[ckpt] = read_json(ev / "metrics.json", "validation metrics")["CIDEr"]
+def checkpoint_selected_on_val(run: Path, summary: dict, protocol: Protocol) -> str:
+    """Of the best (by the greedy validation CIDEr logged in training) and the last checkpoint, the
+    one with the higher validation CIDEr under the protocol's decoding (ties: the best).  Each is
+    evaluated once (``eval<suffix>_val/<checkpoint>/``); the choice goes to ``selection.json`` there."""
+    val = run / f"eval{protocol.suffix}_val"
+    scores = {ckpt: evaluate(ckpt, "val", protocol, val / Path(ckpt).stem)["CIDEr"] for ckpt in
+              dict.fromkeys(c for c in (summary.get("best_checkpoint"), summary.get("last_checkpoint")) if c)}
     chosen = max(scores, key=scores.get)  # the first (best) on a tie
-    atomic_write_json(run / f"{protocol}_val" / "selection.json", {"val_CIDEr": scores, "chosen": chosen})
+    atomic_write_json(val / "selection.json", {"val_CIDEr": scores, "chosen": chosen})
     return chosen
 
 
-def run_variant(v: Variant, seed: int, b: Budget, out: Path, block_trigrams: bool = False,
-                val_selected: bool = False) -> dict:
-    """Train (unless the run finished before) and evaluate on the test split (unless evaluated
-    under the same protocol before: ``eval/``, ``eval_block_trigrams/``, ... see protocol_name).
-    The checkpoint tested is the best by the training's validation CIDEr, or with ``val_selected``
-    the one ``select_on_val`` picks."""
+def run_variant(v: Variant, seed: int, b: Budget, out: Path, protocol: Protocol = Protocol()) -> dict:
+    """Train (unless the run finished before) and test under ``protocol`` (unless tested under it
+    before: ``eval<protocol.suffix>/``)."""
     run = out / "runs" / f"{v.data}-{v.name}-s{seed}"
-    protocol = protocol_name(block_trigrams, val_selected)
-    ev = run / protocol
-    decode = [*DECODE, "decode.block_trigrams=true"] if block_trigrams else DECODE
+    ev = run / f"eval{protocol.suffix}"
     reused = (run / "train_summary.json").is_file()
     if not reused:
         epochs = b.image_epochs if v.data == "shapes" else b.video_epochs
@@ -225,10 +237,9 @@ def run_variant(v: Variant, seed: int, b: Budget, out: Path, block_trigrams: boo
             "trainer.enable_progress_bar=false", f"hydra.run.dir={run}")
     if not (ev / "metrics.json").is_file():
         summary = read_json(run / "train_summary.json", "training summary")
-        ckpt = (select_on_val(run, summary, decode, protocol) if val_selected
+        ckpt = (checkpoint_selected_on_val(run, summary, protocol) if protocol.select_on_val
                 else summary["best_checkpoint"] or summary["last_checkpoint"])
-        cli("evaluate", f"ckpt_path={ckpt}", "split=test", *decode, "metrics=[bleu,rouge,cider]", f"output_dir={ev}",
-            "trainer.enable_progress_bar=false", f"hydra.run.dir={run}/hydra_{ev.name}")
+        evaluate(ckpt, "test", protocol, ev)
     metrics = read_json(ev / "metrics.json", "metrics")
     report = read_json(ev / "report.json", "evaluation report")
     predictions = read_json(ev / "predictions.json", "predictions")
@@ -280,12 +291,10 @@ def _with_chance(e: dict, key: str) -> str:
 
 
 def write_tables(table: list[dict], rows: list[dict], out: Path, budget: Budget, seconds: float,
-                 block_trigrams: bool = False, val_selected: bool = False) -> Path:
+                 protocol: Protocol = Protocol()) -> Path:
     lines = [f"Seeds: {list(budget.seeds)}; {budget.images} images / {budget.videos} videos; "
              f"{budget.image_epochs} / {budget.video_epochs} epochs; LSTM hidden {budget.hidden}; "
-             f"test split, beam 3{', trigram blocking' if block_trigrams else ''}, "
-             f"{'checkpoint selected on val with that decoding' if val_selected else 'best val-CIDEr checkpoint'}. "
-             f"This invocation: {seconds / 60:.1f} min, {sum(not r['reused'] for r in rows)} "
+             f"test split, {protocol.describe()}. This invocation: {seconds / 60:.1f} min, {sum(not r['reused'] for r in rows)} "
              f"runs trained, {sum(r['reused'] for r in rows)} reused from an earlier invocation.", ""]
     images = [e for e in table if e["data"] == "shapes"]
     videos = [e for e in table if e["data"] == "moving_shapes"]
@@ -317,7 +326,7 @@ def write_tables(table: list[dict], rows: list[dict], out: Path, budget: Budget,
               "met by the mean minus its std; 'within chance': within two binomial standard errors of the "
               "chance level over the scored test captions):"]
     lines += claims(table)
-    path = out / f"results{protocol_name(block_trigrams, val_selected)[4:]}.md"  # protocols side by side
+    path = out / f"results{protocol.suffix}.md"  # protocols side by side
     atomic_write_text(path, "\n".join(lines) + "\n")
     atomic_write_json(path.with_suffix(".json"), {"table": table, "runs": rows})
     return path
@@ -492,9 +501,10 @@ def main(argv: list[str] | None = None) -> None:
         variants += [dataclasses.replace(v, overrides=[*v.overrides, f"data.root={root}"]) for v in chosen(data)]
     if not variants:
         sys.exit(f"reproduce: no variant selected by --variants {args.variants} --only {args.only}")
-    rows = [run_variant(v, seed, b, out, args.block_trigrams, args.select_on_val) for v in variants for seed in b.seeds]
+    protocol = Protocol(args.block_trigrams, args.select_on_val)
+    rows = [run_variant(v, seed, b, out, protocol) for v in variants for seed in b.seeds]
     table = aggregate(rows)
-    path = write_tables(table, rows, out, b, time.time() - t0, args.block_trigrams, args.select_on_val)
+    path = write_tables(table, rows, out, b, time.time() - t0, protocol)
     plot_by_length(rows, out)
     print(path.read_text())
     print(f"written: {path}, {path.with_suffix('.json')}, {out / 'bleu_by_length.png'}")

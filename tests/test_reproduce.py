@@ -18,6 +18,7 @@ from captioning.reproduce import (
     IMAGE_VARIANTS,
     ON_EXTRA_STORES,
     VIDEO_VARIANTS,
+    Protocol,
     Variant,
     aggregate,
     at_least,
@@ -86,12 +87,12 @@ def test_run_variant_trains_once_and_evaluates_once_per_protocol(tmp_path, monke
     assert "decode.block_trigrams=true" not in calls[1][1] and "decode.beam_size=3" in calls[1][1]
     assert "ckpt_path=best.ckpt" in calls[1][1]
     calls.clear()
-    blocked = reproduce.run_variant(v, 0, FULL, out, block_trigrams=True)
+    blocked = reproduce.run_variant(v, 0, FULL, out, Protocol(block_trigrams=True))
     assert [m for m, _ in calls] == ["evaluate"] and blocked["reused"] and blocked["CIDEr"] == 2.0
     assert "ckpt_path=best.ckpt" in calls[0][1] and "decode.block_trigrams=true" in calls[0][1]
     assert f"output_dir={run / 'eval_block_trigrams'}" in calls[0][1]
     calls.clear()
-    selected = reproduce.run_variant(v, 0, FULL, out, block_trigrams=True, val_selected=True)
+    selected = reproduce.run_variant(v, 0, FULL, out, Protocol(block_trigrams=True, select_on_val=True))
     assert [(m, dict(a.split("=", 1) for a in args if "=" in a)["split"]) for m, args in calls] == [
         ("evaluate", "val"), ("evaluate", "val"), ("evaluate", "test")]
     assert all("decode.block_trigrams=true" in args for _, args in calls)  # val decodes as test does
@@ -99,10 +100,10 @@ def test_run_variant_trains_once_and_evaluates_once_per_protocol(tmp_path, monke
     assert json.loads((run / "eval_block_trigrams_val_selected_val" / "selection.json").read_text())["chosen"] == \
         "last.ckpt"
     calls.clear()
-    for kw in ({}, {"block_trigrams": True}, {"block_trigrams": True, "val_selected": True}):
-        reproduce.run_variant(v, 0, FULL, out, **kw)
+    for protocol in (Protocol(), Protocol(block_trigrams=True), Protocol(block_trigrams=True, select_on_val=True)):
+        reproduce.run_variant(v, 0, FULL, out, protocol)
     assert calls == []  # all reused
-    path = reproduce.write_tables(aggregate([selected]), [selected], out, FULL, 60.0, True, True)
+    path = reproduce.write_tables(aggregate([selected]), [selected], out, FULL, 60.0, Protocol(True, True))
     assert path == out / "results_block_trigrams_val_selected.md" and not (out / "results.md").exists()
     assert "beam 3, trigram blocking, checkpoint selected on val with that decoding." in path.read_text()
     assert json.loads(path.with_suffix(".json").read_text())["runs"][0]["CIDEr"] == 3.0
