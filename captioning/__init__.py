@@ -4,7 +4,7 @@ Pipeline: ``captioning-extract`` (CNN features -> FeatureStore) ->
 ``captioning-train`` (LSTM decoder with soft/hard attention) ->
 ``captioning-evaluate`` / ``captioning-caption`` (beam search, metrics, heatmaps).
 
-From Python: ``from captioning import Captioner`` (``captioning.api``; imported on first use, so
+From Python: ``from captioning import Captioner`` (``captioning.caption.api``; imported on first use, so
 ``import captioning`` stays cheap).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 __version__ = "0.1.0"
 __all__ = ["CaptionResult", "Captioner", "__version__"]
 
-_LAZY = {"Captioner": "captioning.api", "CaptionResult": "captioning.api"}
+_LAZY = {"Captioner": "captioning.caption.api", "CaptionResult": "captioning.caption.api"}
 
 
 def __getattr__(name: str) -> Any:

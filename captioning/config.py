@@ -1,6 +1,6 @@
 """Typed configuration shared by every job, and strict validation of composed Hydra configs.
 
-Each job has a dataclass schema (``TrainConfig`` in ``captioning.training`` etc.).  The
+Each job has a dataclass schema (``TrainConfig`` in ``captioning.train.job`` etc.).  The
 composed YAML is merged onto the schema, so an unknown key, a wrong type or a missing
 mandatory value fails at start with one line naming the key and the fix.  ``unknown_keys`` is
 the one check of keys against a dataclass schema (job configs, decoder and encoder configs).

@@ -45,6 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
+from captioning.evaluation.report import plot_metrics_by_length
+from captioning.models.decoders import decoder_names
 from captioning.utils.io import atomic_write_json, atomic_write_text, read_json
 
 
@@ -76,7 +78,7 @@ VIDEO_VARIANTS = [
     Variant("mean_pool", "moving_shapes", ["model=mean_pool"]),
 ]
 # Yao et al.'s feature setting: appearance (2-D CNN per sampled frame), local motion (3-D CNN over
-# the clip around it) or both concatenated per frame (captioning.data.streams).  The 3-D network
+# the clip around it) or both concatenated per frame (captioning.store.streams).  The 3-D network
 # is R(2+1)D-18 with SEEDED RANDOM weights (no Kinetics weights offline): what a random 3-D
 # network keeps of a clip, not what a trained one would.
 MOTION = "r2plus1d_18"
@@ -128,7 +130,6 @@ NO_ATTENTION = ("mean_pool", "show_tell")
 def registered_variants() -> list[Variant]:
     """One row per dataset for every registered decoder other than the LSTM family (its own
     ``conf/model/<name>.yaml``, its own sizes)."""
-    from captioning.models.decoders import decoder_names
 
     return [Variant(name, data, [f"model={name}"], lstm=False)
             for name in decoder_names() if name != "lstm" for data in ("shapes", "moving_shapes")]
@@ -439,7 +440,6 @@ def claims(table: list[dict]) -> list[str]:
 
 
 def plot_by_length(rows: list[dict], out: Path) -> Path | None:
-    from captioning.evaluation.report import plot_metrics_by_length
 
     per_model: dict[str, list[dict]] = {}
     for r in rows:

@@ -75,11 +75,11 @@ def soft(ckpts):
 
 
 def test_import_captioning_is_cheap_and_exports_captioner_lazily():
-    code = "import sys, captioning; print(sorted(m for m in ('torch', 'captioning.api') if m in sys.modules))"
+    code = "import sys, captioning; print(sorted(m for m in ('torch', 'captioning.caption.api') if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
     import captioning
-    import captioning.api as api
+    import captioning.caption.api as api
     from captioning import Captioner, CaptionResult
 
     assert Captioner is api.Captioner and CaptionResult is api.CaptionResult
@@ -144,7 +144,7 @@ def test_caption_features_masks_positions_past_valid(soft):
 
 
 def test_decoding_options_map_onto_beam_config(soft, ckpts):
-    from captioning.api import beam_config
+    from captioning.caption.api import beam_config
     from captioning.errors import ConfigError
     from captioning.models.search import BeamConfig
 
@@ -163,7 +163,7 @@ def test_decoding_options_map_onto_beam_config(soft, ckpts):
 
 def test_hard_attention_and_models_without_attention(ckpts):
     from captioning import Captioner
-    from captioning.api import marks_hard_attention
+    from captioning.caption.api import marks_hard_attention
 
     hard = Captioner.from_checkpoint(ckpts["hard"], device="cpu")
     assert marks_hard_attention(hard.module) and hard.hard_attention
@@ -232,7 +232,7 @@ def test_caption_split_decodes_the_checkpoint_feature_store(ckpts, soft, tmp_pat
 
     from captioning import Captioner
     from captioning.config import DataConfig
-    from captioning.data.store import FeatureStore, FeatureStoreWriter
+    from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
     from captioning.features.featurize import featurize_files
 
     images = ckpts["images"]

@@ -16,7 +16,7 @@ FAST = ["model.embed_dim=16", "model.hidden_dim=32", "model.attention_dim=16", "
 
 
 def built(*overrides: str) -> list[str]:
-    from captioning.training import build_callbacks
+    from captioning.train.job import build_callbacks
 
     cfg = compose_train("output_dir=/nonexistent/run", *overrides)
     return [type(c).__name__ for c in build_callbacks(cfg, loggers=["a logger"])]
@@ -33,7 +33,7 @@ def test_callback_configs_build_lightning_callbacks():
 
 
 def test_callback_settings_reach_the_callbacks():
-    from captioning.training import build_callbacks
+    from captioning.train.job import build_callbacks
 
     cfg = compose_train("output_dir=/runs/x", "callbacks.checkpoint.save_top_k=0", "callbacks.early_stopping.patience=2",
                         "callbacks.progress.every_percent=25", "callbacks.attention_images.items=3",
@@ -47,7 +47,7 @@ def test_callback_settings_reach_the_callbacks():
 
 def test_a_callback_node_without_target_is_a_config_error():
     from captioning.errors import ConfigError
-    from captioning.training import build_callbacks
+    from captioning.train.job import build_callbacks
 
     cfg = compose_train("output_dir=/runs/x", "experiment=xu2015_soft", "callbacks=none")  # sets a patience only
     with pytest.raises(ConfigError, match=r"callbacks\.early_stopping is not a node with a _target_"):
@@ -59,7 +59,7 @@ def test_a_callback_node_without_target_is_a_config_error():
 def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere():
     from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 
-    from captioning.callbacks import LineProgress, progress_bar
+    from captioning.train.callbacks import LineProgress, progress_bar
     from captioning.errors import ConfigError
 
     class Terminal(io.StringIO):
@@ -78,8 +78,8 @@ def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere():
 
 def test_attention_image_is_the_saved_figure(tmp_path):
     """The array sent to the loggers is, pixel for pixel, the figure ``plot_result`` saves."""
-    from captioning.api import CaptionResult
-    from captioning.callbacks import attention_image
+    from captioning.caption.api import CaptionResult
+    from captioning.train.callbacks import attention_image
     from captioning.viz.heatmaps import plot_result
 
     image = CaptionResult("1", "image", caption="a red circle", tokens=["a", "red", "circle"],

@@ -39,7 +39,7 @@ def _vocab(texts: list[str]) -> dict:
 def save_checkpoint(path: Path, meta: dict, vocab: dict, data: dict, features_dir: Path,
                     variant: str = "soft_attention", seed: int = 0) -> Path:
     """A tiny untrained LSTM decoder (random weights from ``seed``) saved as a checkpoint."""
-    from captioning.models.captioner import CaptioningModule
+    from captioning.train.module import CaptioningModule
 
     torch.manual_seed(seed)
     model_cfg = {"name": "lstm", "variant": variant, "embed_dim": 16, "hidden_dim": 32, "attention_dim": 16,
@@ -52,7 +52,7 @@ def save_checkpoint(path: Path, meta: dict, vocab: dict, data: dict, features_di
 
 
 def _extract(items: list[tuple[str, str]], kind: str, enc, features_dir: Path) -> dict:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
     from captioning.features.backbones import build_backbone
     from captioning.features.extract import run_extraction, unique_items
 
@@ -149,7 +149,7 @@ def _check_entries(entries: list[dict]) -> None:
 
 
 def test_collect_inputs_files_folders_and_errors(tmp_path):
-    from captioning.inputs import collect_inputs
+    from captioning.caption.inputs import collect_inputs
 
     d = tmp_path / "media"
     (d / "sub").mkdir(parents=True)
@@ -184,7 +184,7 @@ def test_collect_inputs_files_folders_and_errors(tmp_path):
 
 
 def test_resolve_device():
-    from captioning.api import resolve_device
+    from captioning.caption.api import resolve_device
     from captioning.errors import ConfigError
 
     assert resolve_device("cpu").type == "cpu"
@@ -201,7 +201,7 @@ def test_resolve_device():
 
 @pytest.mark.slow
 def test_raw_image_features_equal_stored_features(image_ckpt):
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
     from captioning.features.backbones import build_backbone
     from captioning.features.featurize import featurize_files
 
@@ -218,7 +218,7 @@ def test_raw_image_features_equal_stored_features(image_ckpt):
 
 @pytest.mark.slow
 def test_raw_video_features_equal_stored_features(video_ckpt):
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
     from captioning.features.backbones import build_backbone
     from captioning.features.featurize import featurize_files
 
@@ -370,7 +370,7 @@ def test_checkpoint_without_encoder_meta_is_refused(image_ckpt, tmp_path):
 
 @pytest.mark.slow
 def test_html_escapes_captions_and_file_names(image_ckpt, tmp_path, monkeypatch):
-    import captioning.checkpoint as checkpoint
+    import captioning.train.checkpoint as checkpoint
     from captioning.cli.caption import caption
 
     load = checkpoint.load_captioner

@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from captioning.checkpoint import load_checkpoint
+from captioning.train.checkpoint import load_checkpoint
 from captioning.errors import CheckpointError
 
 

@@ -217,7 +217,7 @@ def test_weights_file_by_path_and_wrong_architecture(weight_files) -> None:
 
 def test_clip_features_at_the_video_boundaries(videos, r21d_store) -> None:
     """Stored rows == the network on clips built here by hand (clamped at both ends of each video)."""
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
     from captioning.data.video import read_frames
 
     store = FeatureStore.open(r21d_store["dir"])
@@ -245,7 +245,7 @@ def test_clip_features_at_the_video_boundaries(videos, r21d_store) -> None:
 
 
 def test_clip_extraction_is_deterministic_and_grid_pools_to_pooled(videos, r21d_store, tmp_path: Path) -> None:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     again = build_encoder(r21d_store["cfg"])  # a second, independently built network
     run_extraction(videos["items"], "video", again, tmp_path / "again", trainer=CPU, batch_size=3, num_workers=0,
@@ -265,7 +265,7 @@ def test_clip_extraction_is_deterministic_and_grid_pools_to_pooled(videos, r21d_
 
 
 def test_short_video_pad_zeroes_the_missing_clips(videos, tmp_path: Path) -> None:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     b = build_encoder(tiny(short_video="pad"))
     run_extraction(videos["items"][:1], "video", b, tmp_path / "pad", trainer=CPU, num_workers=0, progress=False)
@@ -280,7 +280,7 @@ def test_extract_job_runs_every_clip_encoder(name: str, videos, tmp_path: Path) 
     from test_extract import _compose
 
     from captioning.cli.extract import extract
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     length, size = CHEAP[name]
     cfg = _compose("data=moving_shapes", "data.name=clips", f"data.root={videos['root']}", "data.synthetic=null",
@@ -296,7 +296,7 @@ def test_extract_job_runs_every_clip_encoder(name: str, videos, tmp_path: Path) 
 
 def test_store_meta_rebuilds_the_extractor(videos, r21d_store) -> None:
     """What a checkpoint keeps (the store meta) rebuilds the same clip extractor and features."""
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
     from captioning.features.featurize import featurize_files, rebuild_backbone
 
     store = FeatureStore.open(r21d_store["dir"])
@@ -316,8 +316,8 @@ def test_store_meta_rebuilds_the_extractor(videos, r21d_store) -> None:
 
 def test_two_stream_store_end_to_end(videos, r21d_store, tmp_path: Path) -> None:
     """2-D appearance + 3-D motion features of the same sampled frames, read as one store."""
-    from captioning.data.store import FeatureStore
-    from captioning.data.streams import FeatureStreams, open_features
+    from captioning.store.feature_store import FeatureStore
+    from captioning.store.streams import FeatureStreams, open_features
 
     lite0 = build_encoder(EncoderConfig(weights="none", frame_size=32, frames=4))  # same K and strategy
     run_extraction(videos["items"], "video", lite0, tmp_path / "app", trainer=CPU, num_workers=0, progress=False)
@@ -361,7 +361,7 @@ def cli_videos(tmp_path_factory) -> dict:
 @pytest.mark.slow
 def test_cli_clip_encoder_ddp(cli_videos, tmp_path: Path) -> None:
     """``captioning-extract encoder=r2plus1d_18 trainer=ddp_cpu``: 2 ranks, every id once, = 1 process."""
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     root, ids = cli_videos["root"], cli_videos["ids"]
     proc = run_extract_cli(*clip_cli_args(root, tmp_path / "f2", "trainer=ddp_cpu", "batch_size=2", "shard_size=2"))
@@ -376,7 +376,7 @@ def test_cli_clip_encoder_ddp(cli_videos, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_cli_clip_sigkill_then_resume_equals_uninterrupted(cli_videos, tmp_path: Path) -> None:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     root, ids = cli_videos["root"], cli_videos["ids"]
     args = clip_cli_args(root, tmp_path / "killed", "batch_size=1", "shard_size=1")

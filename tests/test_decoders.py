@@ -130,8 +130,8 @@ def test_static_schedule_equals_the_packed_one(name: str, i: int) -> None:
 
 @pytest.mark.parametrize("name,i", CASES, ids=IDS)
 def test_checkpoint_round_trip(name: str, i: int, tmp_path) -> None:
-    from captioning.checkpoint import load_captioner
-    from captioning.models.captioner import CaptioningModule
+    from captioning.train.checkpoint import load_captioner
+    from captioning.train.module import CaptioningModule
 
     torch.manual_seed(5)
     vocab = {"itos": ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{k}" for k in range(V - 4)]}

@@ -120,7 +120,7 @@ def run_extract_cli(*args: str, check: bool = True, timeout: int = 300) -> subpr
 
 
 def store_arrays(root: Path) -> dict[str, np.ndarray]:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     store = FeatureStore.open(root)
     return {i: np.asarray(store[i].features, dtype=np.float32) for i in store.ids}
@@ -152,7 +152,7 @@ CPU = {"accelerator": "cpu", "devices": 1, "precision": "32-true"}
 
 
 def test_images_alone_equal_batched(tmp_path: Path, lite0) -> None:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     ids = make_images(tmp_path / "d", 10)
     items = items_of(tmp_path / "d", ids)
@@ -175,7 +175,7 @@ def test_images_alone_equal_batched(tmp_path: Path, lite0) -> None:
 @pytest.mark.parametrize(("overrides", "dim"), [({"image_size": 448}, 1280), ({"layer": "-2"}, 112)])
 def test_finer_image_grid_14x14(tmp_path: Path, overrides: dict, dim: int) -> None:
     """EfficientNet-Lite0: 448 px input (last stage, stride 32) or the stride-16 stage at 224 px -> 14x14."""
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     ids = make_images(tmp_path / "d", 2)
     b = build_backbone(EncoderConfig(weights="none", **overrides))
@@ -201,7 +201,7 @@ def test_resume_skips_done_ids_and_refuses_other_settings(tmp_path: Path, lite0)
 
 
 def test_bad_images_become_failures_never_worker_errors(tmp_path: Path, lite0) -> None:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     make_images(tmp_path / "d", 1)
     good = (tmp_path / "d" / "images" / "000000.jpg").read_bytes()
@@ -226,7 +226,7 @@ def test_bad_images_become_failures_never_worker_errors(tmp_path: Path, lite0) -
 
 @pytest.mark.parametrize("mode", ["pooled", "grid"])
 def test_videos(tmp_path: Path, mode: str) -> None:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     ids = make_videos(tmp_path / "v", 3)
     items = [MediaItem(v, str(tmp_path / "v" / "videos" / f"{v}.mp4")) for v in ids]
@@ -244,7 +244,7 @@ def test_videos(tmp_path: Path, mode: str) -> None:
 
 
 def test_video_short_pad_and_all_frames(tmp_path: Path) -> None:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     ids = make_videos(tmp_path / "v", 2)  # 6 and 9 frames
     items = [MediaItem(v, str(tmp_path / "v" / "videos" / f"{v}.mp4")) for v in ids]
@@ -318,7 +318,7 @@ def test_extract_config_errors() -> None:
 
 @pytest.mark.slow
 def test_cli_one_process_and_ddp_cover_every_id_once(tmp_path: Path) -> None:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     ids = make_images(tmp_path / "d", 13)  # odd: DistributedSampler pads with a repeated item
     run_extract_cli(*image_cli_args(tmp_path / "d", tmp_path / "f1", "trainer=cpu"))
@@ -340,7 +340,7 @@ def test_cli_one_process_and_ddp_cover_every_id_once(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_cli_bad_inputs_exit_1_and_are_recorded(tmp_path: Path) -> None:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     make_images(tmp_path / "d", 1)
     good = (tmp_path / "d" / "images" / "000000.jpg").read_bytes()

@@ -1,4 +1,4 @@
-"""End-to-end encoder fine-tuning (``captioning.finetune``): the stages of each backbone family,
+"""End-to-end encoder fine-tuning (``captioning.train.finetune``): the stages of each backbone family,
 which weights train, the encoder's learning rate on the decoder's schedule, and through the real
 CLI the tutorial's two stages (cross-entropy on stored features, then ``stage=finetune`` from the
 raw images): only the unfrozen blocks change, a run killed mid-epoch resumes to the same weights,
@@ -17,7 +17,7 @@ from faults.faultlib import fault_env, inject_env, killed, resumed_from, state_d
 
 from captioning.errors import ConfigError
 from captioning.features.backbones import EncoderConfig, build_backbone, stages
-from captioning.finetune import FinetuneConfig, extend_schedule, finetuned_meta, unfreeze_last
+from captioning.train.finetune import FinetuneConfig, extend_schedule, finetuned_meta, unfreeze_last
 
 IMAGE_SIZE = 64  # EfficientNet-Lite0, stride 32: a 2x2 grid of 1280 channels
 LITE0 = EncoderConfig(weights="none", image_size=IMAGE_SIZE)
@@ -98,7 +98,7 @@ def test_stage_finetune_composes() -> None:
     from test_config import compose_train
 
     from captioning.config import to_config
-    from captioning.training import TrainConfig
+    from captioning.train.job import TrainConfig
 
     cfg = to_config(compose_train("stage=finetune", "init_from=stage1.ckpt"), TrainConfig)
     assert cfg.finetune == FinetuneConfig(enabled=True, blocks=3, encoder_lr=1e-4) and not cfg.scst.enabled
@@ -155,7 +155,7 @@ def train_in_process(run_dir: Path, *overrides: str) -> dict:
     from test_config import CONF, compose, initialize_config_dir, open_dict
 
     from captioning.config import to_config
-    from captioning.training import TrainConfig, train
+    from captioning.train.job import TrainConfig, train
 
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
         cfg = compose("train", overrides=[o for o in overrides if not o.startswith("hydra.")])
@@ -176,7 +176,7 @@ def finetuned(shapes) -> dict:
 
 @pytest.mark.slow
 def test_finetune_changes_only_the_unfrozen_blocks(shapes, finetuned) -> None:
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     state = finetuned["state"]
     assert state["global_step"] == 2 * STEPS and f"initialised from {shapes['stage1']}" in finetuned["log"]
@@ -229,7 +229,7 @@ def test_finetune_resumes_after_a_kill_with_the_same_weights(shapes, finetuned, 
 def test_caption_uses_the_finetuned_encoder(shapes, finetuned, tmp_path: Path) -> None:
     """``captioning-caption`` on the fine-tuned checkpoint = ``Captioner`` with the checkpoint's encoder
     weights, whose features are the fine-tuned network's and not the store's (random-init) encoder's."""
-    from captioning.api import Captioner
+    from captioning.caption.api import Captioner
     from captioning.features.featurize import featurize_files, featurize_streams
 
     images = shapes["images"][-2:]

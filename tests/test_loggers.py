@@ -32,7 +32,7 @@ def compose_train(*overrides: str):
 
     import captioning.cli.train  # noqa: F401  (registers the schemas and resolvers)
     from captioning.config import CONF_DIR, to_config
-    from captioning.training import TrainConfig
+    from captioning.train.job import TrainConfig
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return to_config(compose("train", overrides=list(overrides)), TrainConfig)
@@ -78,8 +78,8 @@ def read_back(logger, out: Path) -> tuple[float, int]:
 
 @pytest.mark.slow
 def test_every_logger_config_builds_a_working_logger(tmp_path, offline):
-    from captioning.callbacks import log_images
-    from captioning.training import build_loggers
+    from captioning.train.callbacks import log_images
+    from captioning.train.job import build_loggers
 
     assert set(LOGGER_CONFIGS) == set(KINDS), "a new conf/logger/*.yaml: add what it builds to KINDS"
     image = np.zeros((24, 32, 3), np.uint8)
@@ -107,7 +107,7 @@ def test_every_logger_config_builds_a_working_logger(tmp_path, offline):
 
 
 def test_logger_none_and_null_nodes_build_nothing(tmp_path):
-    from captioning.training import build_loggers
+    from captioning.train.job import build_loggers
 
     assert build_loggers(compose_train("logger=none", f"output_dir={tmp_path}")) == []
     cfg = compose_train("logger=default", "logger.tensorboard=null", f"output_dir={tmp_path}")
@@ -116,7 +116,7 @@ def test_logger_none_and_null_nodes_build_nothing(tmp_path):
 
 def test_resume_keeps_csv_rows_before_the_checkpoint_step(tmp_path):
     """The CSV logger node, built on resume at step 3, keeps the rows of steps 0-2 and appends."""
-    from captioning.training import build_loggers
+    from captioning.train.job import build_loggers
 
     path = tmp_path / "csv" / "metrics.csv"
     path.parent.mkdir()
@@ -131,7 +131,7 @@ def test_resume_keeps_csv_rows_before_the_checkpoint_step(tmp_path):
 
 def test_a_logger_that_cannot_be_built_is_a_config_error(tmp_path):
     from captioning.errors import ConfigError
-    from captioning.training import instantiate_nodes
+    from captioning.train.job import instantiate_nodes
 
     with pytest.raises(ConfigError, match=r"logger\.mine: cannot build nowhere\.Logger"):
         instantiate_nodes({"mine": {"_target_": "nowhere.Logger"}}, "logger")

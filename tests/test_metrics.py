@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from captioning.errors import DataError
-from captioning.evaluation import metrics as M
-from captioning.evaluation.metrics import MetricError, compute_metrics
+from captioning.metrics import coco as M
+from captioning.metrics.coco import MetricError, compute_metrics
 
 FAKECAP = Path(__file__).resolve().parents[1].parent / "shared/reference/coco-caption-fakecap"
 needs_fakecap = pytest.mark.skipif(not FAKECAP.is_dir(), reason=f"reference data not found: {FAKECAP}")

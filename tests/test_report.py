@@ -62,7 +62,8 @@ def test_metrics_by_length_counts_and_scores():
 
 
 def test_metrics_by_length_uses_compute_metrics_without_tokenizing(monkeypatch):
-    import captioning.evaluation.metrics as metrics
+    import captioning.evaluation.report as report
+    import captioning.metrics.coco as metrics
 
     calls = []
 
@@ -71,7 +72,7 @@ def test_metrics_by_length_uses_compute_metrics_without_tokenizing(monkeypatch):
         return metrics_module.MetricResult(scores={"CIDEr": 1.5})
 
     metrics_module = metrics
-    monkeypatch.setattr(metrics, "compute_metrics", fake)
+    monkeypatch.setattr(report, "compute_metrics", fake)
     refs, hyps = _data()
     rows = metrics_by_length(refs, hyps, metrics=("cider",))
     assert calls == [([1, 4], ("cider",), False), ([2], ("cider",), False), ([3], ("cider",), False)]

@@ -9,7 +9,7 @@ import pytest
 from conftest import run_cli
 
 from captioning.errors import DataError
-from captioning.evaluation.scoring import load_annotations, load_results, score_files
+from captioning.metrics.scoring import load_annotations, load_results, score_files
 
 FAKECAP = Path(__file__).resolve().parents[1].parent / "shared/reference/coco-caption-fakecap"
 needs_fakecap = pytest.mark.skipif(not FAKECAP.is_dir(), reason=f"reference data not found: {FAKECAP}")

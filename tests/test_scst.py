@@ -10,9 +10,9 @@ import torch
 from conftest import make_tiny_image_dataset, run_cli
 
 from captioning.errors import ConfigError
-from captioning.evaluation.metrics import CiderD
+from captioning.metrics.coco import CiderD
 from captioning.models.decoders import build_decoder
-from captioning.models.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
+from captioning.train.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
 from captioning.models.search import (
     DecodeConfig,
     decode_batch,

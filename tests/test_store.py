@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from captioning.data import store as store_mod
-from captioning.data.store import FeatureItem, FeatureStore, FeatureStoreWriter
+from captioning.store import feature_store as store_mod
+from captioning.store.feature_store import FeatureItem, FeatureStore, FeatureStoreWriter
 from captioning.errors import ConfigError, DataError, StorageError
 
 N, C = 6, 8
@@ -153,7 +153,7 @@ def test_open_errors(tmp_path: Path) -> None:
 CRASH_SCRIPT = textwrap.dedent("""
     import os, sys, json
     import numpy as np
-    from captioning.data import store as st
+    from captioning.store import feature_store as st
     root, meta = sys.argv[1], json.loads(sys.argv[2])
     real = st.atomic_write_json
     calls = []

@@ -1,4 +1,4 @@
-"""Two-stream feature stores: several FeatureStores of the same items read as one (captioning.data.streams)."""
+"""Two-stream feature stores: several FeatureStores of the same items read as one (captioning.store.streams)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from captioning.data.store import FeatureStore, FeatureStoreWriter
-from captioning.data.streams import FeatureStreams, open_features
+from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+from captioning.store.streams import FeatureStreams, open_features
 from captioning.errors import ConfigError, DataError
 
 

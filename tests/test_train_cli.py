@@ -135,7 +135,7 @@ def _poison(data: dict) -> None:
     the writer itself refuses non-finite features)."""
     import shutil
 
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     root = data["features_dir"].parent / "poisoned"
     shutil.copytree(data["features_dir"], root)

@@ -19,7 +19,7 @@ from captioning.errors import DataError
 from captioning.features.backbones import EncoderConfig
 from captioning.features.encoders import build_encoder
 from captioning.features.extract import run_extraction
-from captioning.training import TrainConfig, train
+from captioning.train.job import TrainConfig, train
 
 FRAMES = 4
 APPEARANCE = EncoderConfig(weights="none", frame_size=32, frames=FRAMES)  # EfficientNet-Lite0: 1280 channels
@@ -63,10 +63,10 @@ def test_streams_on_other_frames_or_missing_are_refused_by_name(streams, tmp_pat
 
 @pytest.mark.slow
 def test_temporal_model_trains_evaluates_and_captions_on_two_streams(streams, tmp_path: Path) -> None:
-    from captioning.api import Captioner
-    from captioning.checkpoint import load_captioner
-    from captioning.data.store import FeatureStore
-    from captioning.data.streams import open_features
+    from captioning.caption.api import Captioner
+    from captioning.train.checkpoint import load_captioner
+    from captioning.store.feature_store import FeatureStore
+    from captioning.store.streams import open_features
     from captioning.features.featurize import featurize_streams
 
     app, mot = FeatureStore.open(streams["app"]), FeatureStore.open(streams["mot"])

@@ -134,7 +134,7 @@ def test_extract_cli_extracts_every_container(dataset: Path, tmp_path: Path) -> 
     """``captioning-extract data=msrvtt_format`` with the default backend (auto: decord, PyAV for
     the .mpg): every video extracted (exit 0, no failure, nothing "not found"), K sampled frames
     each at the hand-computed indices, finite features."""
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     out = tmp_path / "features"
     proc = run_extract_cli(

@@ -4,7 +4,9 @@ A soft-attention ``LSTMDecoder`` (random weights, Show-Attend-Tell COCO sizes by
 decodes ``--batch-size`` items with ``beam_search`` in one call (all items x beams as
 ``B*K`` rows per decoder step, the beams of an item sharing its keys/values), and the same
 function is called on items one by one.  Reported: captions/s of each (median over
-``--repeats`` alternating runs) and the speedup (``best``: from the fastest runs).
+``--repeats`` alternating runs) and the speedup (``best``: from the fastest runs); on cuda
+``beam/batched`` also gives ``peak_memory_mb``, the most memory allocated during its first timed
+run (the decoder's weights, the features and the search's B*K rows).
 
 With random weights <eos> is rarely chosen, so most hypotheses run to ``--length`` words:
 the worst case for both paths.  ``--eos-bias`` makes the model stop earlier.
@@ -116,12 +118,17 @@ def run(args: Any) -> list[dict]:
     t_single: list[float] = []
     res: list = []
     res_single: list = []
+    peak_mb: float | None = None
     for _ in range(max(1, args.repeats)):  # alternate, so a busy machine slows both alike
         _sync(device)
+        if device.type == "cuda" and peak_mb is None:
+            torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
         res = batched()
         _sync(device)
         t_batched.append(time.perf_counter() - t0)
+        if device.type == "cuda" and peak_mb is None:
+            peak_mb = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
         t0 = time.perf_counter()
         res_single = single()
         _sync(device)
@@ -154,6 +161,7 @@ def run(args: Any) -> list[dict]:
             "unit": "captions/s",
             "value": round(batched_cps, 2),
             "mean_words": round(mean_len, 2),
+            **({"peak_memory_mb": peak_mb} if peak_mb is not None else {}),
             **shape,
         },
         {

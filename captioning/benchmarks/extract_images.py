@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from captioning.features.backbones import EncoderConfig, build_backbone
+from captioning.features.extract import MediaItem, run_extraction
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-images", type=int, default=512)
@@ -101,8 +104,6 @@ def _batch_clock() -> Any:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from captioning.features.backbones import EncoderConfig, build_backbone
-    from captioning.features.extract import MediaItem, run_extraction
 
     device = torch.device("cuda" if args.device == "cuda" else "cpu")
     precision = args.precision or ("bf16-mixed" if device.type == "cuda" else "32-true")

@@ -23,6 +23,17 @@ from typing import Any
 import torch
 
 from captioning.benchmarks.extract_images import _batch_clock, _sync
+from captioning.data.synthetic import generate_moving_shapes
+from captioning.features.backbones import EncoderConfig
+from captioning.features.encoders import build_encoder, is_clip_encoder
+from captioning.features.extract import (
+    FeatureExtractor,
+    MediaDataset,
+    MediaItem,
+    VideoSampling,
+    collate_media,
+    run_extraction,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def encoder_config(args: argparse.Namespace) -> Any:
-    from captioning.features.backbones import EncoderConfig
-    from captioning.features.encoders import is_clip_encoder
 
     clip = is_clip_encoder(args.encoder)
     weights = args.weights or ("packaged" if args.encoder == "efficientnet_lite0" else "none")
@@ -79,16 +88,6 @@ def _sig(x: float, digits: int = 3) -> float:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from captioning.data.synthetic import generate_moving_shapes
-    from captioning.features.encoders import build_encoder
-    from captioning.features.extract import (
-        FeatureExtractor,
-        MediaDataset,
-        MediaItem,
-        VideoSampling,
-        collate_media,
-        run_extraction,
-    )
 
     device = torch.device("cuda" if args.device == "cuda" else "cpu")
     precision = args.precision or ("bf16-mixed" if device.type == "cuda" else "32-true")

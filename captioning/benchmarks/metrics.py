@@ -13,6 +13,8 @@ import random
 import time
 from typing import Any
 
+from captioning.metrics.coco import compute_metrics
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--items", type=int, default=5000, help="number of scored items")
@@ -54,7 +56,6 @@ def _theirs(references: dict, hypotheses: dict) -> dict[str, float]:
 
 
 def _ours(references: dict, hypotheses: dict) -> dict[str, float]:
-    from captioning.evaluation.metrics import compute_metrics
 
     return compute_metrics(
         references, hypotheses, metrics=("bleu", "rouge", "cider"), tokenize=False

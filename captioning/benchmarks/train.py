@@ -17,7 +17,9 @@ by per-operation overhead, which is what dominates on a GPU.
 
 Reported: captions/s (forward + backward + Adam step) of each from the median step time
 (``best``: from the fastest step), the two models' steps alternating so that a busy machine
-slows both alike, and the speedup.
+slows both alike, and the speedup.  On cuda, ``train/ours`` also gives ``peak_memory_mb``: the
+most memory allocated during one of its steps, measured before the baseline exists (its weights,
+gradients, Adam state, the batch and the step's activations).
 Caption lengths are drawn uniformly from ``[length // 2, length]`` words (COCO-like), so the
 baseline's shrinking batch saves real work.
 """
@@ -165,6 +167,19 @@ def _time_interleaved(
     return times
 
 
+def peak_memory_mb(fn: Any, device: torch.device) -> float | None:
+    """MiB of device memory allocated at the peak of one call of ``fn`` (None off cuda), after
+    one call unmeasured (Adam creates its state in the first step)."""
+    if device.type != "cuda":
+        return None
+    fn()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+
+
 def _adam(params) -> torch.optim.Optimizer:
     """Same optimiser for both models (fused kernel where this torch has one)."""
     try:
@@ -233,6 +248,7 @@ def run(args: Any) -> list[dict]:
         _sync(device)
         compile_s = time.perf_counter() - t0
 
+    peak_mb = peak_memory_mb(ours_step, device)  # before the baseline takes memory of its own
     fns: dict[str, Any] = {"ours": ours_step}
     if not args.skip_baseline:
         base = (
@@ -265,6 +281,7 @@ def run(args: Any) -> list[dict]:
             "compile": bool(args.compile),
             "compile_s": round(compile_s, 1),
             "deep_output": bool(args.deep_output),
+            **({"peak_memory_mb": peak_mb} if peak_mb is not None else {}),
             **shape,
         }
     ]

@@ -4,87 +4,22 @@
     captioning-caption ckpt_path=<ckpt> inputs=[clips/] decode.beam_size=5 device=cuda
     captioning-caption ckpt_path=<ckpt> store_split=test max_items=20   # features from the training store
 
-Raw inputs (image files, video files or folders of them) go through the checkpoint's own
-backbone, rebuilt from the ``encoder`` section of the checkpoint's feature meta, with the
-extraction job's own code, so the decoder sees exactly what it was trained on
-(``captioning.api.Captioner``).  ``store_split=<split>`` instead reads the features the model
-was trained/evaluated on from its FeatureStore and the media files (for the figures) from its
-data config.
-
-Writes into ``output_dir`` (``captioning.viz.gallery.write_gallery``): ``captions.json`` (one
-entry per input, ``"error"`` for the inputs that failed), ``figures/<NNNN>_<name>.png`` (images:
-the crop the model saw, then one heatmap panel per word; videos: a frame strip above the words x
-frames alignment; hard-attention models mark the argmax location) and ``index.html``.
-
-Files in folders that are neither images nor videos (or of the kind the checkpoint does not
-caption) are skipped with a note; such files named explicitly, missing paths and unreadable
-files become error entries.  Exit status: 0 when every input was captioned, 1 when some failed,
-2 for a configuration or checkpoint error.
+The job is ``captioning.caption.job.caption``.  Exit status: 0 when every input was captioned,
+1 when some failed, 2 for a configuration or checkpoint error.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import hydra
-from omegaconf import MISSING, DictConfig
+from omegaconf import DictConfig
 
+from captioning.caption.job import CaptionConfig, caption
 from captioning.config import CONF_DIR, cli_errors, to_config
-from captioning.errors import ConfigError
-from captioning.models.search import BeamConfig
 
-
-@dataclass
-class CaptionConfig:
-    ckpt_path: str = MISSING
-    inputs: list[str] = field(default_factory=list)  # image/video files and folders of them
-    output_dir: str = "outputs/captions"
-    decode: BeamConfig = field(default_factory=BeamConfig)
-    device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:<i>
-    batch_size: int = 16
-    num_workers: int = 2  # DataLoader processes decoding the media files
-    store_split: str | None = None  # caption a split from the checkpoint's FeatureStore instead of inputs
-    max_items: int | None = None  # caption at most this many media items
-    recursive: bool = True  # look into sub-folders of folder inputs
-    progress: bool = True
-
-
-@dataclass
-class CaptionSummary:
-    output_dir: str
-    captioned: int
-    failed: int
-    entries: list[dict[str, Any]]
-
-
-def caption(cfg: CaptionConfig) -> CaptionSummary:
-    """Caption ``cfg.inputs`` (or a stored split) and write captions.json, figures and index.html."""
-    from captioning.api import Captioner
-    from captioning.viz.gallery import write_gallery
-
-    cfg.decode.validate()
-    if cfg.batch_size < 1 or cfg.num_workers < 0:
-        raise ConfigError("batch_size must be >= 1 and num_workers >= 0")
-    if cfg.store_split is None and not cfg.inputs:
-        raise ConfigError("nothing to caption: pass inputs=[<image/video files or folders>] "
-                          "(or store_split=<split> to caption stored features)")
-    if cfg.store_split is not None and cfg.inputs:
-        raise ConfigError("pass either inputs=[...] (raw media) or store_split=<split> (stored features), not both")
-    captioner = Captioner.from_checkpoint(cfg.ckpt_path, device=cfg.device)
-    out = Path(cfg.output_dir)
-    options = {"max_items": cfg.max_items, "batch_size": cfg.batch_size, "progress": cfg.progress,
-               "decode": cfg.decode}
-    results = (captioner.iter_split(cfg.store_split, **options) if cfg.store_split is not None else
-               captioner.iter_caption(cfg.inputs, recursive=cfg.recursive, exclude=out,
-                                      num_workers=cfg.num_workers, **options))
-    entries = write_gallery(results, out, title=f"Captions by {Path(cfg.ckpt_path).name}")
-    failed = [e for e in entries if "error" in e]
-    for e in failed:
-        print(f"failed: {e['input']}: {e['error']}", file=sys.stderr, flush=True)
-    return CaptionSummary(str(out), len(entries) - len(failed), len(failed), entries)
+__all__ = ["CaptionConfig", "main"]
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="caption")

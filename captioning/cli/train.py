@@ -6,7 +6,7 @@
 
 The run directory is ``outputs/train/<run_name>``; running the same command again resumes
 from its ``checkpoints/last.ckpt`` (``resume=false`` starts over in a new ``run_name``).
-The job is ``captioning.training.train``.
+The job is ``captioning.train.job.train``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
 from captioning.models.decoders import register_schemas, run_tag
-from captioning.training import TrainConfig, train
+from captioning.train.job import TrainConfig, train
 
 __all__ = ["TrainConfig", "main"]
 

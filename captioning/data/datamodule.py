@@ -17,9 +17,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from captioning.data.records import CaptionRecord
-from captioning.data.store import FeatureStore
 from captioning.data.tokenizer import tokenize
 from captioning.data.vocab import Vocabulary
+from captioning.errors import DataError
+from captioning.store.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,6 @@ class CaptionDataModule(pl.LightningDataModule):
         self.items = {name: FeatureItems(recs, store) for name, recs in splits.items()}
         for name, items in self.items.items():
             if len(items) == 0 and name in ("train", "val"):
-                from captioning.errors import DataError
 
                 raise DataError(
                     f"split '{name}' has no items with features in {store.root}: "

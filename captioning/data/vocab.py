@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from captioning.data.records import CaptionRecord
+from captioning.data.tokenizer import tokenize
 from captioning.errors import CheckpointError, ConfigError, DataError
 from captioning.utils.io import atomic_write_json, read_json
 
@@ -154,7 +155,6 @@ def build_vocabulary(records: Iterable[CaptionRecord], min_count: int = 1, max_s
 
     Records of other splits are ignored, so validation/test words never enter the vocabulary.
     """
-    from captioning.data.tokenizer import tokenize
 
     token_lists = [tokenize(c) for r in records if r.split == "train" for c in r.captions]
     if not token_lists:

@@ -16,8 +16,20 @@ from pathlib import Path
 
 from omegaconf import MISSING
 
-from captioning.config import TrainerConfig
+from captioning.config import TrainerConfig, checkpoint_data_config
+from captioning.data.annotations import read_dataset
+from captioning.data.datamodule import CaptionEvalDataset, FeatureItems, collate
+from captioning.errors import ConfigError, DataError
+from captioning.evaluation.grounding import evaluate_grounding
+from captioning.evaluation.report import metrics_by_length, vocabulary_usage, write_report
+from captioning.evaluation.structure import evaluate_structure
+from captioning.metrics.coco import compute_metrics
+from captioning.models.decoders import run_tag
 from captioning.models.search import BeamConfig
+from captioning.store.streams import open_features
+from captioning.train.checkpoint import check_compatible, load_captioner, load_checkpoint
+from captioning.train.module import gather_objects
+from captioning.utils.io import atomic_write_json, read_json
 
 log = logging.getLogger("captioning.evaluate")
 
@@ -44,17 +56,6 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     import pytorch_lightning as pl
     from torch.utils.data import DataLoader
 
-    from captioning.checkpoint import check_compatible, load_captioner, load_checkpoint
-    from captioning.config import checkpoint_data_config
-    from captioning.data.annotations import read_dataset
-    from captioning.data.datamodule import CaptionEvalDataset, FeatureItems, collate
-    from captioning.data.streams import open_features
-    from captioning.errors import ConfigError, DataError
-    from captioning.evaluation.metrics import compute_metrics
-    from captioning.evaluation.report import metrics_by_length, vocabulary_usage, write_report
-    from captioning.models.captioner import gather_objects
-    from captioning.models.decoders import run_tag
-    from captioning.utils.io import atomic_write_json, read_json
 
     hp = load_checkpoint(cfg.ckpt_path)["hyper_parameters"]
     train_cfg = hp["config"]
@@ -120,8 +121,6 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     grounding = structure = None
     gfile = None
     if cfg.grounding and data_cfg.grounding and Path(data_cfg.grounding).is_file():
-        from captioning.evaluation.grounding import evaluate_grounding
-        from captioning.evaluation.structure import evaluate_structure
 
         gfile = read_json(data_cfg.grounding, "grounding file")
         try:

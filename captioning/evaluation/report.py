@@ -2,7 +2,7 @@
 
 - :func:`metrics_by_length` groups items by the mean length (tokens) of their reference captions
   and scores each group as its own corpus (BLEU-4 / ROUGE_L / CIDEr via
-  ``captioning.evaluation.metrics.compute_metrics``).  CIDEr's document frequencies then come from
+  ``captioning.metrics.coco.compute_metrics``).  CIDEr's document frequencies then come from
   the group alone, so compare groups across models, not CIDEr of a group with the overall CIDEr.
 - :func:`plot_metrics_by_length` draws the score-vs-length figure of Bahdanau et al. (2015, Fig. 2):
   one line per metric for one model, or one panel per metric with one line per model.
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from captioning.errors import DataError
+from captioning.metrics.coco import compute_metrics
 from captioning.utils.io import atomic_write, atomic_write_json, atomic_write_text
 
 DEFAULT_BINS: tuple[int, ...] = (6, 8, 10, 12, 15)  # <=6, 7-8, 9-10, 11-12, 13-15, 16+
@@ -37,7 +38,6 @@ SPECIAL_TOKENS = frozenset({"<pad>", "<bos>", "<eos>", "<unk>"})
 
 def _compute_metrics(references: Mapping[Any, Sequence[str]], hypotheses: Mapping[Any, str],
                      metrics: Sequence[str]) -> dict[str, float]:
-    from captioning.evaluation.metrics import compute_metrics  # lazy: the toolkit is heavy
 
     result = compute_metrics(references, hypotheses, metrics=tuple(metrics), tokenize=False)
     return {k: float(v) for k, v in result.scores.items()}

@@ -570,7 +570,7 @@ def build_backbone(cfg: EncoderConfig) -> Backbone:
 def stages(backbone: Backbone) -> list[tuple[str, nn.Module]]:
     """The stages of ``backbone``'s network that its feature grid passes through, input first.
 
-    What end-to-end fine-tuning counts when it unfreezes "the last k blocks" (``captioning.finetune``):
+    What end-to-end fine-tuning counts when it unfreezes "the last k blocks" (``captioning.train.finetune``):
     timm EfficientNet: ``stem`` (conv_stem, bn1), ``blocks.0`` .. ``blocks.6``, ``head`` (conv_head,
     bn2), up to ``layer`` (an intermediate index stops at its block); torchvision ResNet: ``stem``
     (conv1, bn1), ``layer1`` .. ``layer4``, up to ``layer``; VGG16: the conv blocks between the

@@ -41,9 +41,14 @@ import torch
 from pytorch_lightning.callbacks import BasePredictionWriter, ProgressBar
 from torch.utils.data import DataLoader, Dataset
 
-from captioning.errors import ConfigError, StorageError
+from captioning.data.media import load_image
+from captioning.data.video import read_frames, sample_frame_indices, video_info
+from captioning.errors import ConfigError, DataError, StorageError
 from captioning.features.backbones import Backbone, EncoderConfig, Preprocessing
+from captioning.features.clips import clip_frame_indices, clip_union
 from captioning.features.encoders import is_clip_encoder
+from captioning.store.feature_store import FeatureStore, FeatureStoreWriter, settings_diff
+from captioning.utils.io import read_json
 
 log = logging.getLogger("captioning.extract")
 
@@ -148,7 +153,6 @@ class MediaDataset(Dataset):
         return out
 
     def _image(self, path: str) -> torch.Tensor:
-        from captioning.data.media import load_image
 
         img = load_image(path)
         arr = np.array(img.convert("RGB") if img.mode != "RGB" else img)  # writable [H, W, 3] uint8
@@ -158,8 +162,6 @@ class MediaDataset(Dataset):
     def _video(self, path: str) -> dict[str, Any]:
         """-> pixels (frames uint8 [K,3,S,S]), valid, real (frames that are not padding), frame_indices;
         clip encoders also clip_frames and clip_index."""
-        from captioning.data.video import sample_frame_indices, video_info
-        from captioning.errors import DataError
 
         v = self.video
         info = video_info(path)
@@ -182,7 +184,6 @@ class MediaDataset(Dataset):
         if v.clip_length is None:
             x = self._frames(path, real)  # [K', 3, S, S]
         else:  # the frames of all K' clips, each decoded and resized once
-            from captioning.features.clips import clip_frame_indices, clip_union
 
             union, index = clip_union(clip_frame_indices(real, info.num_frames, v.clip_length, v.clip_stride))
             out["clip_frames"] = self._frames(path, union)  # [U, 3, S, S]
@@ -197,8 +198,6 @@ class MediaDataset(Dataset):
 
     def _frames(self, path: str, indices: Sequence[int]) -> torch.Tensor:
         """Decode ``indices`` and resize/crop them: uint8 [len(indices), 3, S, S]."""
-        from captioning.data.video import read_frames
-        from captioning.errors import DataError
 
         frames = read_frames(path, indices, backend=self.video.backend)  # [n, H, W, 3] uint8
         if len(frames) != len(indices):
@@ -347,7 +346,6 @@ class StoreWriter(BasePredictionWriter):
         self.totals: dict[str, int] = {}
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        from captioning.data.store import FeatureStoreWriter
 
         dm = trainer.datamodule
         if dm is not None and isinstance(getattr(dm, "done", None), set):
@@ -504,7 +502,6 @@ class ExtractDataModule(pl.LightningDataModule):
 
 def stored_ids(features_dir: str | Path) -> set[str]:
     """Ids with features already in the store at ``features_dir`` (empty when there is none yet)."""
-    from captioning.data.store import FeatureStore
 
     root = Path(features_dir)
     if not (root / "meta.json").is_file():
@@ -602,9 +599,6 @@ def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, fe
 
 def check_existing_meta(features_dir: str | Path, meta: dict[str, Any]) -> None:
     """Refuse to add to a store written with other settings (another backbone, size, layer...)."""
-    from captioning.data.store import settings_diff
-    from captioning.errors import DataError
-    from captioning.utils.io import read_json
 
     path = Path(features_dir) / "meta.json"
     if not path.is_file():

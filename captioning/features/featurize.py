@@ -8,7 +8,7 @@ frame sampling, resize/crop, normalisation, row-major ``h*w`` flattening or per-
 and store dtype, so a decoder sees what it was trained on.  ``display_crop`` recomputes the
 pixels behind stored features (for figures).
 
-Two-stream features (``captioning.data.streams``: e.g. a 2-D appearance and a 3-D motion store
+Two-stream features (``captioning.store.streams``: e.g. a 2-D appearance and a 3-D motion store
 read as one) record every stream's meta: ``rebuild_backbones`` rebuilds each stream's backbone
 and ``featurize_streams`` runs them all and joins their features per item as the stores are
 joined (concatenated in stream order, frame indices checked equal).
@@ -25,8 +25,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from captioning.config import unknown_keys
+from captioning.data.media import load_image
+from captioning.data.video import read_frames
 from captioning.errors import CheckpointError
 from captioning.features.backbones import Backbone, EncoderConfig, Preprocessing
+from captioning.features.encoders import build_encoder
+from captioning.features.extract import (
+    FeatureExtractor,
+    MediaDataset,
+    MediaItem,
+    VideoSampling,
+    collate_media,
+)
+from captioning.store.feature_store import settings_diff
+from captioning.store.streams import stream_metas
 
 
 @dataclass
@@ -49,7 +62,6 @@ class Featurized:
 
 def encoder_config(meta: Mapping[str, Any], source: str | Path) -> EncoderConfig:
     """The ``EncoderConfig`` the features of ``meta`` were extracted with (``meta["encoder"]``)."""
-    from captioning.config import unknown_keys
 
     enc = meta.get("encoder")
     if meta.get("streams"):
@@ -70,8 +82,6 @@ def encoder_config(meta: Mapping[str, Any], source: str | Path) -> EncoderConfig
 
 def rebuild_backbone(meta: Mapping[str, Any], source: str | Path) -> Backbone:
     """The exact backbone of the features of ``meta``, checked against the settings they record."""
-    from captioning.data.store import settings_diff
-    from captioning.features.encoders import build_encoder
 
     backbone = build_encoder(encoder_config(meta, source))
     rebuilt = {"settings": backbone.settings(video=meta.get("kind") == "video")}
@@ -88,7 +98,6 @@ def rebuild_backbone(meta: Mapping[str, Any], source: str | Path) -> Backbone:
 
 def rebuild_backbones(meta: Mapping[str, Any], source: str | Path) -> list[Backbone]:
     """The backbone of every feature stream of ``meta`` (one for a plain store), in stream order."""
-    from captioning.data.streams import stream_metas
 
     metas = stream_metas(meta)
     if len(metas) == 1:
@@ -113,13 +122,6 @@ def featurize(backbone: Backbone, items: Sequence[tuple[str, str]], kind: str, *
     """
     from torch.utils.data import DataLoader
 
-    from captioning.features.extract import (
-        FeatureExtractor,
-        MediaDataset,
-        MediaItem,
-        VideoSampling,
-        collate_media,
-    )
 
     device = torch.device(device)
     cfg = backbone.cfg
@@ -158,7 +160,6 @@ def featurize_streams(backbones: Sequence[Backbone], meta: Mapping[str, Any], it
     ``meta["dtype"]``), each stream's in its own store dtype and precision first; an item whose
     streams sampled other frames (or failed in any stream) comes back with its ``error``.
     kwargs: ``featurize``'s batch_size / num_workers / device; pixels are the first stream's."""
-    from captioning.data.streams import stream_metas
 
     metas = stream_metas(meta)
     kind = str(meta.get("kind", "image"))
@@ -201,7 +202,6 @@ def featurize_files(backbone: Backbone, paths: Sequence[str | Path], kind: str, 
 
 def stored_preprocessing(meta: Mapping[str, Any]) -> Preprocessing:
     """The resize/crop/normalisation recorded in a store's meta (two streams: the first stream's)."""
-    from captioning.data.streams import stream_metas
 
     p = dict(stream_metas(meta)[0]["settings"]["preprocessing"])
     return Preprocessing(int(p["size"]), int(p["resize"]), str(p["crop"]), tuple(p["mean"]), tuple(p["std"]),
@@ -215,8 +215,6 @@ def display_crop(meta: Mapping[str, Any], path: str | Path,
     -> uint8 [3,S,S] (image) or [K,3,S,S] (the ``frame_indices`` frames of a video); two-stream
     features: the first stream's crop.
     """
-    from captioning.data.media import load_image
-    from captioning.data.video import read_frames
 
     pre = stored_preprocessing(meta)
     if meta["kind"] == "image":

@@ -1,0 +1,1 @@
+"""Figures: per-word attention heatmaps (grids, frames) and the HTML gallery."""

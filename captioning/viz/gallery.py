@@ -12,7 +12,7 @@
 (``attention_shape = [K]``) with the original frame numbers in ``frame_indices``. A failed input is
 ``{"input": ..., "kind": ..., "error": "one line"}`` (other keys optional).
 
-``write_gallery`` turns captions (``captioning.api.CaptionResult``) into the output folder of
+``write_gallery`` turns captions (``captioning.caption.api.CaptionResult``) into the output folder of
 ``captioning-caption``: ``figures/<NNNN>_<name>.png``, ``captions.json`` and ``index.html``.
 """
 
@@ -33,6 +33,7 @@ import numpy as np
 
 from captioning.errors import CaptioningError, DataError
 from captioning.utils.io import atomic_write
+from captioning.viz.heatmaps import plot_result
 
 log = logging.getLogger(__name__)
 
@@ -530,7 +531,6 @@ def write_gallery(results: Iterable[Any], out_dir: str | Path, title: str = "Cap
     arrives.  A figure that cannot be drawn makes its entry an error entry; the other captions are
     kept.  Returns the entries, in the order of ``results``.
     """
-    from captioning.viz.heatmaps import plot_result
 
     out_dir = Path(out_dir)
     (out_dir / FIGURES_DIR).mkdir(parents=True, exist_ok=True)

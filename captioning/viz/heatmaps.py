@@ -7,7 +7,7 @@ they are safe in worker processes and need no display).
 Shapes: an image attention row is a distribution over a ``grid = (h, w)`` of feature cells, given
 flattened ``[h*w]`` (row-major, as the encoder flattens its feature map) or as ``[h, w]``. A video
 attention row is a distribution over the ``K`` sampled frames.  ``plot_result`` draws the figure of
-one ``captioning.api.CaptionResult``.
+one ``captioning.caption.api.CaptionResult``.
 """
 
 from __future__ import annotations
@@ -596,7 +596,7 @@ def video_attention_figure(
 
 
 def plot_result(result: Any, out_path: str | Path, *, dpi: int = 100) -> Path:
-    """Save the attention figure of one caption (a ``captioning.api.CaptionResult``) as PNG.
+    """Save the attention figure of one caption (a ``captioning.caption.api.CaptionResult``) as PNG.
 
     Image: the crop the model saw, then one heatmap per word over ``attention_shape`` (models with
     argmax hard attention: the attended cell marked); video: a frame strip above the words x

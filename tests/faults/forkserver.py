@@ -32,10 +32,10 @@ HERE = Path(__file__).resolve().parent
 INJECT = HERE / "inject"
 PRELOAD = (
     "torch", "numpy", "pytorch_lightning", "hydra", "timm", "matplotlib", "matplotlib.pyplot",
-    "captioning.cli.train", "captioning.cli.extract", "captioning.cli.evaluate", "captioning.models.captioner",
+    "captioning.cli.train", "captioning.cli.extract", "captioning.cli.evaluate", "captioning.train.module",
     "captioning.features.extract", "captioning.features.backbones", "captioning.data.datamodule",
-    "captioning.data.annotations", "captioning.evaluation.metrics", "captioning.evaluation.report",
-    "captioning.evaluation.grounding", "captioning.checkpoint",
+    "captioning.data.annotations", "captioning.metrics.coco", "captioning.evaluation.report",
+    "captioning.evaluation.grounding", "captioning.train.checkpoint",
 )
 
 

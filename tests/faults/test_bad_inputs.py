@@ -74,7 +74,7 @@ from test_train_cli import train_args
 from test_video import _audio_only, _no_frames, has_encoder
 from test_video import write_video as write_clip
 
-from captioning.data.store import FeatureStore
+from captioning.store.feature_store import FeatureStore
 
 pytestmark = pytest.mark.slow
 

@@ -83,7 +83,7 @@ N_IMAGES = SHARD * (len(KILLS) + 2)  # each faulted run commits one shard (two: 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> dict:
     """``N_IMAGES`` images and their store from an uninterrupted extraction (a plain CLI process)."""
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     root = tmp_path_factory.mktemp("images")
     make_images(root / "d", N_IMAGES)
@@ -113,7 +113,7 @@ def shard_files(store: Path) -> tuple[dict[str, tuple[int, int]], list[str]]:
 
 def extraction_chain(jobs, images: dict, store: Path, faults: list[tuple[str, str, str]]) -> None:
     """Run the extraction into ``store`` once per fault, then to the end; check every step."""
-    from captioning.data.store import FeatureStore
+    from captioning.store.feature_store import FeatureStore
 
     ref = images["reference"]
     args = extract_args(images["data"], store)
@@ -203,7 +203,7 @@ def load_weights(run_dir: Path) -> dict:
 
 
 def test_training_faults_at_every_checkpoint_step_then_resume(jobs, tiny, tmp_path):
-    from captioning.checkpoint import load_checkpoint
+    from captioning.train.checkpoint import load_checkpoint
 
     run, ref = tmp_path / "run", tiny["reference"]
     last = run / "checkpoints" / "last.ckpt"
@@ -276,7 +276,7 @@ def test_resume_after_sigkill_trains_only_the_remaining_steps(jobs, tiny, tmp_pa
     """A restart from step 0 would give the same weights (training is seeded): what tells a resume
     apart is the checkpoint the killed job left, the re-run's ``resuming from`` line, and the
     number of optimizer steps the re-run takes."""
-    from captioning.checkpoint import load_checkpoint
+    from captioning.train.checkpoint import load_checkpoint
 
     keywords, extra, per_epoch, kill_after = RESUME_VARIANTS[variant]
     total = keywords["epochs"] * per_epoch

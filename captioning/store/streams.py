@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from captioning.data.store import FeatureItem, FeatureStore
 from captioning.errors import ConfigError, DataError
+from captioning.store.feature_store import FeatureItem, FeatureStore
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from captioning.data.tokenizer import tokenize as ptb_tokenize
 from captioning.errors import CaptioningError, DataError
 
 __all__ = [
@@ -552,10 +553,7 @@ def compute_metrics(
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
         raise MetricError(f"unknown metric {unknown[0]!r}: choose from {', '.join(METRICS)}")
-    if tokenize:
-        from captioning.data.tokenizer import tokenize as tok
-    else:
-        tok = str.split
+    tok = ptb_tokenize if tokenize else str.split
     keys = list(hypotheses)
     hyps: list[list[str]] = []
     refs: list[list[list[str]]] = []

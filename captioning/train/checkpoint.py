@@ -19,8 +19,9 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.plugins import TorchCheckpointIO
 
-from captioning.data.store import settings_diff
 from captioning.errors import CheckpointError, ConfigError, StorageError
+from captioning.store.feature_store import settings_diff
+from captioning.train.finetune import captioner_class
 from captioning.utils.io import atomic_write
 
 
@@ -124,12 +125,11 @@ def check_compatible(hparams: Mapping[str, Any], vocab: Mapping[str, Any], featu
 
 
 def load_captioner(path: str | Path, map_location: str | torch.device = "cpu"):
-    """The trained LightningModule (``captioning.models.captioner``) of a checkpoint, in eval mode.
+    """The trained LightningModule (``captioning.train.module``) of a checkpoint, in eval mode.
 
     Safe loading (``load_checkpoint``); for captioning from Python use ``captioning.Captioner``.
-    A model trained end to end comes back with its encoder (``captioning.finetune``).
+    A model trained end to end comes back with its encoder (``captioning.train.finetune``).
     """
-    from captioning.finetune import captioner_class
 
     ckpt = load_checkpoint(path, map_location)
     hp = ckpt["hyper_parameters"]

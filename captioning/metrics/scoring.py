@@ -13,12 +13,15 @@ Ids are matched by value; an integer id also matches the same number written as 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from captioning.errors import DataError
-from captioning.evaluation.metrics import MetricResult, compute_metrics
-from captioning.utils.io import read_json
+from omegaconf import MISSING
+
+from captioning.errors import ConfigError, DataError
+from captioning.metrics.coco import METRICS, MetricResult, compute_metrics
+from captioning.utils.io import atomic_write_json, read_json
 
 __all__ = ["load_annotations", "load_results", "score_files"]
 
@@ -119,3 +122,48 @@ def score_files(
             )
         refs[raw_id] = refs_by_norm[norm]
     return compute_metrics(refs, hyps, metrics=metrics, tokenize=tokenize)
+
+
+@dataclass
+class ScoreConfig:
+    results: str = MISSING
+    annotations: str = MISSING
+    metrics: list[str] = field(default_factory=lambda: ["bleu", "meteor", "rouge", "cider"])
+    tokenize: bool = True
+    output: str | None = None
+    per_item: bool = False
+
+
+def score(cfg: ScoreConfig) -> dict:
+    """Score, print, optionally write; returns the JSON-ready dict."""
+    from rich.console import Console
+    from rich.table import Table
+
+
+    unknown = [m for m in cfg.metrics if m not in METRICS]
+    if unknown or not cfg.metrics:
+        what = f"unknown metric {unknown[0]!r}" if unknown else "no metric"
+        raise ConfigError(f"metrics: {what}; choose from {', '.join(METRICS)}, e.g. metrics=[bleu,cider]")
+    result = score_files(cfg.results, cfg.annotations, metrics=cfg.metrics, tokenize=cfg.tokenize)
+    out: dict = dict(result.scores)
+    if cfg.per_item:
+        out["per_item"] = {str(k): v for k, v in result.per_item.items()}
+
+    table = Table(title=f"{len(result.per_item)} items - {cfg.results}")
+    table.add_column("metric")
+    table.add_column("score", justify="right")
+    for name, value in result.scores.items():
+        table.add_row(name, f"{value:.4f}")
+    console = Console(soft_wrap=True)
+    console.print(table)
+    if result.bleu_stats is not None:
+        s = result.bleu_stats
+        console.print(
+            f"BLEU: testlen {s['testlen']}, reflen {s['reflen']}, ratio {s['ratio']:.6f}, "
+            f"guess {s['guess']}, correct {s['correct']}",
+            highlight=False,
+        )
+    if cfg.output:
+        atomic_write_json(cfg.output, out)
+        console.print(f"wrote {cfg.output}", highlight=False)
+    return out

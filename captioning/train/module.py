@@ -21,11 +21,11 @@ import torch.distributed as dist
 
 from captioning.data.vocab import Vocabulary
 from captioning.errors import CaptioningError
-from captioning.evaluation.metrics import compute_metrics
+from captioning.metrics.coco import CiderD, compute_metrics
 from captioning.models.decoders import CaptionDecoder, build_decoder
 from captioning.models.positions import layout_from_meta
-from captioning.models.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
 from captioning.models.search import BeamConfig, Hypothesis, decode_batch, greedy_decode, sample
+from captioning.train.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +118,12 @@ class CaptioningModule(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         if self.scst_cfg.enabled:
-            from captioning.evaluation.metrics import CiderD
 
             refs = self.trainer.datamodule.items["train"].references
             self._reward = CiderD([[r.split() for r in item] for item in refs])  # df once
 
     def _scst_loss(self, batch) -> dict[str, torch.Tensor]:
-        """Self-critical loss of a batch of items (``captioning.models.scst``)."""
+        """Self-critical loss of a batch of items (``captioning.train.scst``)."""
         cfg, v = self.scst_cfg, self.vocab
         feats = batch.features.float()
         banned = sorted({v.pad, v.bos, v.unk} - {v.eos})

@@ -21,10 +21,18 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 
 from captioning.config import DataConfig, TrainerConfig
-from captioning.finetune import FinetuneConfig
-from captioning.models.captioner import OptimConfig
-from captioning.models.scst import ScstConfig
+from captioning.data.annotations import read_dataset
+from captioning.data.datamodule import CaptionDataModule
+from captioning.data.vocab import build_vocabulary
+from captioning.errors import CaptioningError, CheckpointError, ConfigError, DataError
+from captioning.models.decoders import decoder_config
 from captioning.models.search import BeamConfig
+from captioning.store.streams import open_features
+from captioning.train.checkpoint import AtomicCheckpointIO, check_compatible, load_checkpoint
+from captioning.train.finetune import FinetuneConfig, FinetuneModule, finetune_data
+from captioning.train.module import CaptioningModule, OptimConfig, config_dict
+from captioning.train.scst import ScstConfig
+from captioning.utils.io import atomic_write_json
 
 log = logging.getLogger("captioning.train")
 
@@ -44,7 +52,7 @@ class TrainConfig:
     logger: dict[str, Any] = field(default_factory=dict)
     encoder: str = "efficientnet_lite0"  # which extracted features to train on
     # the FeatureStore written by captioning-extract, or a list of stores of the same items read as
-    # one (two-stream: features concatenated per position, captioning.data.streams); str | list[str]
+    # one (two-stream: features concatenated per position, captioning.store.streams); str | list[str]
     features_dir: Any = MISSING
     run_name: str = MISSING
     output_dir: str = MISSING  # the run directory (set by Hydra)
@@ -63,7 +71,6 @@ def instantiate_nodes(nodes: Mapping[str, Any], group: str) -> list[Any]:
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
-    from captioning.errors import CaptioningError, ConfigError
 
     built = []
     for name, node in nodes.items():
@@ -145,15 +152,6 @@ def restore_csv_history(logger, path: Path, header: list[str], rows: list[dict])
 
 def train(cfg: TrainConfig) -> dict:
     """Fit; returns a summary (best checkpoint, best score, steps)."""
-    from captioning.checkpoint import AtomicCheckpointIO
-    from captioning.data.annotations import read_dataset
-    from captioning.data.datamodule import CaptionDataModule
-    from captioning.data.streams import open_features
-    from captioning.data.vocab import build_vocabulary
-    from captioning.errors import CheckpointError, ConfigError, DataError
-    from captioning.models.captioner import CaptioningModule, config_dict
-    from captioning.models.decoders import decoder_config
-    from captioning.utils.io import atomic_write_json
 
     decoder_config(cfg.model)  # a bad model config stops here, before any data is read
     cfg.scst.validate()
@@ -180,8 +178,7 @@ def train(cfg: TrainConfig) -> dict:
         )
     vocab = build_vocabulary(splits["train"], min_count=cfg.data.min_count)
     meta = dict(store.meta)  # what the model is trained on (fine-tuning: the encoder's output)
-    if cfg.finetune.enabled:  # end to end from raw images (captioning.finetune)
-        from captioning.finetune import finetune_data
+    if cfg.finetune.enabled:  # end to end from raw images (captioning.train.finetune)
 
         dm, meta = finetune_data(cfg, splits, store, vocab)
     else:
@@ -196,7 +193,6 @@ def train(cfg: TrainConfig) -> dict:
     resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
     resume_step = None
     if resume_from:
-        from captioning.checkpoint import check_compatible, load_checkpoint
 
         try:
             state = load_checkpoint(resume_from)
@@ -208,7 +204,6 @@ def train(cfg: TrainConfig) -> dict:
         del state
         log.info("resuming from %s (step %d)", resume_from, resume_step)
     if cfg.finetune.enabled:  # + the encoder, with the store's weights unless resuming replaces them
-        from captioning.finetune import FinetuneModule
 
         model = FinetuneModule(config=config_dict(cfg), vocab=vocab.to_dict(), feature_meta=meta,
                                initial_weights=not resume_from)
@@ -247,8 +242,6 @@ def train(cfg: TrainConfig) -> dict:
 def init_weights(model: pl.LightningModule, path: str, vocab: dict, feature_meta: dict) -> None:
     """Load a finished run's weights into ``model`` (a new run: fresh optimizer, step 0), e.g. the
     cross-entropy stage's best checkpoint before self-critical training."""
-    from captioning.checkpoint import check_compatible, load_checkpoint
-    from captioning.errors import CheckpointError
 
     state = load_checkpoint(path)
     check_compatible(state["hyper_parameters"], vocab, feature_meta, path)

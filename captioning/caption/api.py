@@ -10,7 +10,7 @@
 Raw media go through the checkpoint's own backbone, rebuilt from the feature meta it recorded
 (``captioning.features.featurize``), so the decoder sees what it was trained on: every stream's
 backbone for two-stream features (joined as in training), the checkpoint's own fine-tuned
-encoder weights for a model trained end to end (``captioning.finetune``).
+encoder weights for a model trained end to end (``captioning.train.finetune``).
 ``caption_split`` decodes the features of a split from the checkpoint's FeatureStore, and
 ``caption_features`` decodes features computed elsewhere.  Decoding options are the fields of
 ``captioning.models.search.BeamConfig`` (``beam_size``, ``max_length``, ``min_length``,
@@ -32,8 +32,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from captioning.caption.inputs import MediaInput, collect_inputs, limit_media
+from captioning.config import checkpoint_data_config, unknown_keys
+from captioning.data.annotations import read_dataset
 from captioning.errors import CheckpointError, ConfigError, DataError
+from captioning.features.featurize import (
+    Featurized,
+    display_crop,
+    featurize_streams,
+    rebuild_backbones,
+)
 from captioning.models.search import BeamConfig
+from captioning.store.streams import open_features, stream_metas
+from captioning.train.checkpoint import check_compatible, load_captioner
+from captioning.train.finetune import FinetuneModule
+from captioning.viz.gallery import error_line
+from captioning.viz.heatmaps import plot_result
 
 log = logging.getLogger("captioning.caption")
 
@@ -72,7 +86,6 @@ class CaptionResult:
     def figure(self, path: str | Path, **kwargs: Any) -> Path:
         """Save this caption's attention figure (PNG, or JPEG/PDF/SVG by the path's suffix;
         ``captioning.viz.heatmaps.plot_result``)."""
-        from captioning.viz.heatmaps import plot_result
 
         return plot_result(self, path, **kwargs)
 
@@ -94,7 +107,6 @@ def resolve_device(name: str | torch.device) -> torch.device:
 
 def beam_config(decode: BeamConfig | None = None, **options: Any) -> BeamConfig:
     """``decode`` (default ``BeamConfig()``) with ``options`` (its field names) replaced, validated."""
-    from captioning.config import unknown_keys
 
     unknown = unknown_keys(options, BeamConfig)
     if unknown:
@@ -135,7 +147,6 @@ class Captioner:
         self.grid: tuple[int, int] | None = (int(grid[0]), int(grid[1])) if grid else None
         if self.kind == "image" and self.grid is None:
             raise CheckpointError("image features without a grid in the checkpoint's feature_meta")
-        from captioning.data.streams import stream_metas
 
         video = stream_metas(self.feature_meta)[0].get("settings", {}).get("video") or {}
         # video_features=grid: the K*h*w positions are frame-major; attention is summed per frame
@@ -146,7 +157,6 @@ class Captioner:
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "auto") -> Captioner:
         """Load a ``captioning-train`` checkpoint (safe loading) onto ``device`` (auto | cpu | cuda[:i])."""
-        from captioning.checkpoint import load_captioner
 
         device = resolve_device(device)
         return cls(load_captioner(path), device=device, source=path)
@@ -173,7 +183,6 @@ class Captioner:
         max_items: caption at most this many media files; num_workers: DataLoader processes
         decoding the media; decode / options: ``BeamConfig`` and field overrides.
         """
-        from captioning.inputs import collect_inputs, limit_media
 
         cfg = beam_config(decode, **options)
         if isinstance(inputs, (str, Path)):
@@ -196,11 +205,6 @@ class Captioner:
                    **options: Any) -> Iterator[CaptionResult]:
         """The stored features the model was trained/evaluated on, in the split's order; the media
         files (from the checkpoint's data config) are read only for the figures."""
-        from captioning.checkpoint import check_compatible
-        from captioning.config import checkpoint_data_config
-        from captioning.data.annotations import read_dataset
-        from captioning.data.streams import open_features
-        from captioning.inputs import MediaInput
 
         cfg = beam_config(decode, **options)
         hp = self.module.hparams
@@ -234,7 +238,6 @@ class Captioner:
         per video, its K frame numbers; images: per item the pixels for figures ([S,S,3] or
         [K,S,S,3] uint8); names: the results' ``input`` (default ``features[b]``).
         """
-        from captioning.features.featurize import Featurized
 
         cfg = beam_config(decode, **options)
         x = [torch.as_tensor(np.asarray(f)) for f in features]
@@ -275,8 +278,6 @@ class Captioner:
         """The backbone of each feature stream, built on first use (raw media only): rebuilt from the
         feature meta and checked against it, or the checkpoint's own fine-tuned encoder."""
         if self._encoders is None:
-            from captioning.features.featurize import rebuild_backbones
-            from captioning.finetune import FinetuneModule
 
             if isinstance(self.module, FinetuneModule):  # its weights are in the checkpoint, not in a file
                 self._encoders = [self.module.encoder]
@@ -288,7 +289,6 @@ class Captioner:
     def _raw_batches(self, todo: list[tuple[str, str]], batch_size: int, num_workers: int
                      ) -> Iterator[list[tuple[int, Any]]]:
         """(index, Featurized) of the media files ``todo`` ((index, path) pairs), per batch."""
-        from captioning.features.featurize import featurize_streams
 
         for batch in featurize_streams(self.encoders(), self.feature_meta, todo, batch_size=batch_size,
                                        num_workers=num_workers, device=self.device):
@@ -297,8 +297,6 @@ class Captioner:
     def _store_batches(self, found: list[Any], ids: list[str], store: Any, batch_size: int
                        ) -> Iterator[list[tuple[int, Any]]]:
         """Stored features + the display crop recomputed from the media file with the stored settings."""
-        from captioning.features.featurize import Featurized, display_crop
-        from captioning.viz.gallery import error_line
 
         for start in range(0, len(found), batch_size):
             out = []

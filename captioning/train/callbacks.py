@@ -22,7 +22,14 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ProgressBar
 
+from captioning.caption.api import Captioner
 from captioning.errors import ConfigError
+from captioning.features.featurize import display_crop
+from captioning.viz.heatmaps import (
+    brightest_cell,
+    build_image_attention_figure,
+    build_video_attention_figure,
+)
 
 __all__ = ["AttentionImages", "LineProgress", "attention_image", "log_images", "progress_bar"]
 
@@ -148,16 +155,11 @@ def takes_images(logger: Any) -> bool:
 
 
 def attention_image(result: Any, *, title: str | None = None, dpi: int = 50) -> np.ndarray:
-    """The attention figure of one ``captioning.api.CaptionResult`` as an [H, W, 3] uint8 array:
+    """The attention figure of one ``captioning.caption.api.CaptionResult`` as an [H, W, 3] uint8 array:
     an image's crop then one heatmap per word, or a video's frame strip above the words x frames
     alignment; drawn on gray where the result has no pixels."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from captioning.viz.heatmaps import (
-        brightest_cell,
-        build_image_attention_figure,
-        build_video_attention_figure,
-    )
 
     att = np.asarray(result.attention, dtype=np.float64)
     title = result.caption if title is None else title
@@ -203,7 +205,6 @@ class AttentionImages(pl.Callback):
 
     def render(self, pl_module: pl.LightningModule, dm: Any) -> tuple[list[str], list[np.ndarray], list[str]]:
         """(item ids, images, captions) of the fixed validation items under the current weights."""
-        from captioning.api import Captioner
 
         val = dm.items["val"]
         records = val.records[: self.items]
@@ -222,7 +223,6 @@ class AttentionImages(pl.Callback):
 
     def _crop(self, meta: dict, path: str, frame_indices: Sequence[int] | None) -> np.ndarray | None:
         """The crop the features were computed from ([S,S,3] or [K,S,S,3] uint8), or None."""
-        from captioning.features.featurize import display_crop
 
         if not self.media_dir:
             return None

@@ -42,9 +42,12 @@ from captioning.data.datamodule import Batch, CaptionDataModule, FeatureItems
 from captioning.data.vocab import Vocabulary
 from captioning.errors import ConfigError, DataError
 from captioning.features.backbones import Backbone, Preprocessing, stages
-from captioning.models.captioner import CaptioningModule
+from captioning.features.encoders import build_encoder
+from captioning.features.extract import MediaDataset, MediaItem
+from captioning.features.featurize import encoder_config, rebuild_backbone, stored_preprocessing
+from captioning.train.module import CaptioningModule
 
-log = logging.getLogger("captioning.finetune")
+log = logging.getLogger("captioning.train.finetune")
 
 
 @dataclass
@@ -137,8 +140,6 @@ class FinetuneModule(CaptioningModule):
     """
 
     def __init__(self, config: dict, vocab: dict, feature_meta: dict, *, initial_weights: bool = False) -> None:
-        from captioning.features.encoders import build_encoder
-        from captioning.features.featurize import encoder_config, rebuild_backbone
 
         super().__init__(config, vocab, feature_meta)
         self.finetune_cfg = FinetuneConfig(**config.get("finetune", {})).validate()
@@ -226,7 +227,6 @@ class ImageCaptions(Dataset):
 
     def __init__(self, items: FeatureItems, media_dir: str, preprocessing: Preprocessing,
                  vocab: Vocabulary | None = None, max_length: int = 20) -> None:
-        from captioning.features.extract import MediaDataset, MediaItem
 
         self.media = MediaDataset([MediaItem(r.item_id, os.path.join(media_dir, r.path)) for r in items.records],
                                   "image", preprocessing)
@@ -297,7 +297,6 @@ class ImageCaptionDataModule(CaptionDataModule):
 def finetune_data(cfg: Any, splits: dict, store: Any, vocab: Vocabulary) -> tuple[ImageCaptionDataModule, dict]:
     """The training job's fine-tuning inputs (``cfg``: its ``TrainConfig``): the raw-image data
     module and the model's feature meta (``finetuned_meta`` of the store's)."""
-    from captioning.features.featurize import stored_preprocessing
 
     cfg.finetune.validate()
     if cfg.scst.enabled:
