@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # The CPU-usable torch pair this project is tested with (any torch>=2.1 works).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test test-fast reproduce reproduce-quick reproduce-grounding reproduce-order lint bench clean data strip-notebooks
+.PHONY: install demo test test-fast reproduce reproduce-quick reproduce-grounding reproduce-order lint bench gpu-wheels gpu-check clean data strip-notebooks
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,16 @@ bench: $(STAMP)
 	$(VENV)/bin/captioning-bench train --device cpu --steps 10
 	$(VENV)/bin/captioning-bench beam --device cpu --repeats 3
 	$(VENV)/bin/captioning-bench metrics --device cpu
+
+## make gpu-wheels (here, with PyPI): .whl/, the wheels a bare GPU machine lacks (~35 MiB). make gpu-check
+## (on a CUDA machine, < 8 min): GPU tests, cuda benchmarks, GPU training through the CLIs -> gpu-check/
+## figures.jsonl (scripts/gpu_check.sh: the device tool's call is in its header)
+GPU_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+GPU_CHECK_OUT ?= gpu-check
+gpu-wheels:
+	PYTHON=$(GPU_PY) bash scripts/gpu_wheels.sh
+gpu-check:
+	PYTHON=$(GPU_PY) bash scripts/gpu_check.sh $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf outputs multirun results .pytest_cache
