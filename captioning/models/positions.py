@@ -48,7 +48,10 @@ def axis_split(dim: int, axes: int) -> list[int]:
 
 def layout_from_meta(meta: dict) -> tuple[int, ...] | None:
     """The position layout of a FeatureStore's annotation vectors: ``(h, w)`` image grid,
-    ``(K,)`` pooled frames, ``(K, h, w)`` per-frame grids; None when the meta does not say."""
+    ``(K,)`` pooled frames, ``(K, h, w)`` per-frame grids; None when the meta does not say, and
+    for a set of image regions (meta ``regions``, e.g. detector boxes): they have no order."""
+    if meta.get("regions"):
+        return None
     positions = int(meta.get("positions") or 0)
     grid = [int(g) for g in meta.get("grid") or []]
     if meta.get("kind", "image") == "image":

@@ -6,10 +6,14 @@ Layout of a store at ``root``::
     root/shards/r{rank:03d}-{seq:06d}.npy   float16 (or float32) array [n_items, N, C]
     root/shards/r{rank:03d}-{seq:06d}.index.json
                                             ids, valid counts and frame indices of those rows
+    root/shards/r{rank:03d}-{seq:06d}.boxes.npy
+                                            stores of boxed regions only (meta ``boxes``): float32
+                                            [n_items, N, 4] pixel boxes (x1, y1, x2, y2) of the rows,
+                                            zeros past ``valid``; the index adds each row's image size
     root/failures/r{rank:03d}.jsonl         one JSON line per item that could not be extracted
 
-Commit protocol: a shard's data file is written under a temporary name, fsynced and renamed;
-only then is its index written (also temp + rename).  **A shard exists only when its index
+Commit protocol: a shard's data file (and boxes file) is written under a temporary name, fsynced
+and renamed; only then is its index written (also temp + rename).  **A shard exists only when its index
 exists**, so a job killed at any point (or a full disk) never leaves a visible partial shard;
 data files without an index and temporary files are ignored by readers and deleted by the next
 writer of that rank.  Every rank (DDP process) writes only its own files (``r{rank}-*``,
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -60,6 +65,14 @@ COMPARED_KEYS = ("format_version", "kind", "positions", "dim", "grid", "dtype", 
 
 _INDEX_RE = re.compile(r"^r(\d{3,})-(\d{6,})\.index\.json$")
 _DATA_RE = re.compile(r"^r(\d{3,})-(\d{6,})\.npy$")
+_BOXES_RE = re.compile(r"^r(\d{3,})-(\d{6,})\.boxes\.npy$")
+
+
+def store_id(meta: Mapping[str, Any]) -> str:
+    """Short sha256 of the meta keys that decide what a store holds (``COMPARED_KEYS``): the
+    feature store's identity in provenance records."""
+    keyed = {k: meta.get(k) for k in COMPARED_KEYS}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
 def shard_name(rank: int, seq: int) -> str:
@@ -73,14 +86,19 @@ class FeatureItem:
 
     features:      [N, C] read-only (memmap) view, store dtype (float16 by default).
     valid:         number of real positions (video frames padded at the end have index >= valid).
-    grid:          (H, W) of the spatial grid, or None (e.g. pooled video frames).
+    grid:          (H, W) of the spatial grid, or None (e.g. pooled video frames, image regions).
     frame_indices: original frame indices of the sampled video frames, or None.
+    boxes:         [N, 4] float32 (x1, y1, x2, y2) pixel box of each region (rows >= valid are
+                   zeros), for stores of boxed regions (meta ``boxes``); else None.
+    image_size:    (W, H) in pixels of the image the boxes lie in, when known; else None.
     """
 
     features: np.ndarray
     valid: int
     grid: tuple[int, int] | None
     frame_indices: tuple[int, ...] | None
+    boxes: np.ndarray | None = None
+    image_size: tuple[int, int] | None = None
 
     @property
     def mask(self) -> np.ndarray:
@@ -170,6 +188,11 @@ def build_meta(meta: Mapping[str, Any], dtype: str | None = None) -> dict[str, A
     frames = m.get("frames")
     if frames is not None and (not isinstance(frames, int) or frames < 1):
         raise ConfigError(f"feature store meta 'frames' must be a positive int or null, got {frames!r}")
+    m["boxes"] = m.get("boxes", False)
+    if not isinstance(m["boxes"], bool):
+        raise ConfigError(f"feature store meta 'boxes' must be true or false, got {m['boxes']!r}")
+    if m["boxes"] and (m["kind"] != "image" or grid is not None):
+        raise ConfigError("feature store meta 'boxes': boxes belong to image regions (kind image, grid null)")
     m["format"] = STORE_FORMAT
     m["format_version"] = FORMAT_VERSION
     return m
@@ -189,11 +212,12 @@ def _read_meta(root: Path) -> dict[str, Any]:
                         f"code reads ({FORMAT_VERSION}): update the captioning package")
     meta.setdefault("dtype", "float16")
     meta.setdefault("grid", None)
+    meta.setdefault("boxes", False)
     return meta
 
 
 def _check_compatible(root: Path, stored: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
-    diff = settings_diff(stored, mine)
+    diff = settings_diff(stored, mine, (*COMPARED_KEYS, "boxes"))
     if diff:
         raise DataError(
             f"feature store {root} was written with other settings ({describe_diff(diff)} differ); it refuses "
@@ -279,8 +303,9 @@ class FeatureStoreWriter:
     """Appends items to the store at ``root`` as rank ``rank``'s shards of ``shard_size`` items.
 
     ``meta``: ``settings`` (dict: backbone, weights, preprocessing, code version...), ``kind``
-    (image|video), ``positions`` N, ``dim`` C, ``grid`` [H, W] or None, optional ``frames`` K and
-    ``dtype`` (float16 default | float32; or pass ``dtype=``).  Use as a context manager or call
+    (image|video), ``positions`` N, ``dim`` C, ``grid`` [H, W] or None, optional ``frames`` K,
+    ``boxes`` (true: every item comes with the pixel box of each region) and ``dtype`` (float16
+    default | float32; or pass ``dtype=``).  Use as a context manager or call
     ``close()``: rows still buffered are lost if the process dies before the next shard commit.
     """
 
@@ -297,6 +322,7 @@ class FeatureStoreWriter:
         self.dtype = self.meta["dtype"]
         self._np_dtype = DTYPES[self.dtype]
         self.positions, self.dim = self.meta["positions"], self.meta["dim"]
+        self.boxes = bool(self.meta["boxes"])
         self.shards_dir = self.root / "shards"
         self.failures_dir = self.root / "failures"
         try:
@@ -314,7 +340,8 @@ class FeatureStoreWriter:
             self._lock.release()
             raise
         self._added: set[str] = set()
-        self._buffer: list[tuple[str, np.ndarray, int, list[int] | None]] = []
+        # (id, features [N, C], valid, frame indices, boxes [N, 4] | None, image size (W, H) | None)
+        self._buffer: list[tuple[str, np.ndarray, int, list[int] | None, np.ndarray | None, list[int] | None]] = []
         self._failure_file: IO[str] | None = None
         self.committed = 0  # items this writer committed to shards
         self.skipped = 0  # add() calls ignored because the id was already stored/added
@@ -340,7 +367,7 @@ class FeatureStoreWriter:
             if m and int(m.group(1)) == self.rank:
                 seqs.add(int(m.group(2)))
         for name in os.listdir(self.shards_dir):
-            m = _DATA_RE.match(name)
+            m = _DATA_RE.match(name) or _BOXES_RE.match(name)
             if m and int(m.group(1)) == self.rank and int(m.group(2)) not in seqs:
                 orphans.append(name)
             elif name.startswith("." + prefix) and name.endswith(".tmp"):
@@ -366,13 +393,16 @@ class FeatureStoreWriter:
         return self._committed_ids() | self._added
 
     def add(self, item_id: str, features: Any, valid: int | None = None,
-            frame_indices: Sequence[int] | None = None) -> bool:
+            frame_indices: Sequence[int] | None = None, boxes: Any = None,
+            image_size: Sequence[int] | None = None) -> bool:
         """Buffer one item's features [N, C]; a full buffer is committed as a shard.
 
+        ``boxes`` (stores with meta ``boxes`` only, and required there): [valid, 4] (or [N, 4])
+        pixel boxes (x1, y1, x2, y2) of the real positions; ``image_size``: (W, H) of their image.
         Returns False (and stores nothing) when ``item_id`` was already committed before this
         writer started or already added to it, or when its features are not finite (recorded as
-        a failure).  Raises DataError for a wrong shape/valid count and when a shard cannot be
-        written (the items already committed stay intact).
+        a failure).  Raises DataError for a wrong shape/valid count/boxes and when a shard cannot
+        be written (the items already committed stay intact).
         """
         self._check_open()
         if not isinstance(item_id, str):
@@ -396,11 +426,35 @@ class FeatureStoreWriter:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= int(v) <= self.positions:
             raise DataError(f"item {item_id!r}: valid={valid!r} must be an int in [1, {self.positions}]")
         frames = None if frame_indices is None else [int(f) for f in frame_indices]
-        self._buffer.append((item_id, row, int(v), frames))
+        box_rows = self._box_rows(item_id, boxes, int(v))
+        size = None
+        if image_size is not None:
+            size = [int(x) for x in image_size]
+            if len(size) != 2 or min(size) < 1:
+                raise DataError(f"item {item_id!r}: image_size={list(image_size)} must be (W, H) in pixels, both >= 1")
+        self._buffer.append((item_id, row, int(v), frames, box_rows, size))
         self._added.add(item_id)
         if len(self._buffer) >= self.shard_size:
             self.flush()
         return True
+
+    def _box_rows(self, item_id: str, boxes: Any, valid: int) -> np.ndarray | None:
+        """``boxes`` as float32 [N, 4] (zeros past ``valid``), checked against the store's meta."""
+        if boxes is None:
+            if self.boxes:
+                raise DataError(f"item {item_id!r}: the store at {self.root} keeps a box per region; pass boxes=")
+            return None
+        if not self.boxes:
+            raise DataError(f"item {item_id!r}: boxes given but the store at {self.root} keeps none (meta boxes=false)")
+        b = np.asarray(boxes, dtype=np.float32)
+        if b.ndim != 2 or b.shape[1] != 4 or b.shape[0] not in (valid, self.positions):
+            raise DataError(f"item {item_id!r}: boxes have shape {list(b.shape)}, expected [{valid}, 4] "
+                            f"(one x1, y1, x2, y2 box per real position)")
+        if not np.isfinite(b[:valid]).all():
+            raise DataError(f"item {item_id!r}: boxes contain NaN/inf values")
+        out = np.zeros((self.positions, 4), dtype=np.float32)
+        out[:valid] = b[:valid]
+        return out
 
     def add_failure(self, item_id: str, path: str | os.PathLike | None, error: str | BaseException) -> None:
         """Append a failure record (id, path, error) to this rank's failures file, fsynced."""
@@ -433,16 +487,25 @@ class FeatureStoreWriter:
             "ids": [b[0] for b in self._buffer], "valid": [b[2] for b in self._buffer],
             "frame_indices": [b[3] for b in self._buffer],
         }
+        boxes_path = self.shards_dir / f"{name}.boxes.npy"
+        if self.boxes:
+            index["boxes"] = boxes_path.name
+            index["image_size"] = [b[5] for b in self._buffer]
 
-        def save(tmp: Path) -> None:
-            with open(tmp, "wb") as f:
-                np.save(f, data)
+        def saver(array: np.ndarray) -> Any:
+            def save(tmp: Path) -> None:
+                with open(tmp, "wb") as f:
+                    np.save(f, array)
+            return save
 
         try:
-            atomic_write(data_path, save)
+            atomic_write(data_path, saver(data))
+            if self.boxes:
+                atomic_write(boxes_path, saver(np.stack([b[4] for b in self._buffer])))  # [n, N, 4]
             atomic_write_json(index_path, index, indent=None)  # the commit point
         except OSError as e:
             data_path.unlink(missing_ok=True)  # without an index it is invisible anyway
+            boxes_path.unlink(missing_ok=True)
             reason = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
             raise StorageError(
                 f"cannot write feature shard {data_path}: {reason}; free space or fix the folder and re-run: "
@@ -501,13 +564,14 @@ class FeatureStore:
     """Read access to a store (union of every rank's committed shards). See the module docstring."""
 
     def __init__(self, root: Path, meta: dict[str, Any], shards: list[str], rows: list[int],
-                 index: dict[str, tuple[int, int, int, tuple[int, ...] | None]],
+                 index: dict[str, tuple[int, int, int, tuple[int, ...] | None, tuple[int, int] | None]],
                  failures: list[dict[str, Any]], duplicates: int, max_open_shards: int = 64) -> None:
         self.root = root
         self.meta = meta
         self._shards = shards  # data file names, in shard order
         self._rows = rows  # rows per shard
-        self._index = index  # id -> (shard, row, valid, frame_indices)
+        self._index = index  # id -> (shard, row, valid, frame_indices, image size)
+        self.boxes = bool(meta.get("boxes"))  # every shard has a .boxes.npy beside its data file
         self.failures = failures
         self.duplicates = duplicates
         self.max_open_shards = max(1, int(max_open_shards))
@@ -524,7 +588,7 @@ class FeatureStore:
         meta = _read_meta(root)
         shards: list[str] = []
         rows: list[int] = []
-        index: dict[str, tuple[int, int, int, tuple[int, ...] | None]] = {}
+        index: dict[str, tuple[int, int, int, tuple[int, ...] | None, tuple[int, int] | None]] = {}
         duplicates = 0
         shards_dir = root / "shards"
         for _, _, ipath in _list_indexes(shards_dir):
@@ -533,16 +597,22 @@ class FeatureStore:
             if not (shards_dir / data_name).is_file():
                 raise DataError(f"feature shard {shards_dir / data_name} is missing but its index {ipath} exists; "
                                 f"delete the index and re-run extraction to redo its {idx['rows']} items")
+            sizes = idx.get("image_size") or [None] * len(idx["ids"])
+            if meta.get("boxes") and (idx.get("boxes") is None or len(sizes) != len(idx["ids"])
+                                      or not (shards_dir / str(idx["boxes"])).is_file()):
+                raise DataError(f"feature shard index {ipath} names no boxes file (or it is missing) in a store of "
+                                f"boxed regions; delete the index and its .npy files and re-run the import")
             s = len(shards)
             shards.append(data_name)
             rows.append(int(idx["rows"]))
-            rows_meta = zip(idx["ids"], idx["valid"], idx["frame_indices"], strict=True)
-            for r, (item_id, valid, frames) in enumerate(rows_meta):
+            rows_meta = zip(idx["ids"], idx["valid"], idx["frame_indices"], sizes, strict=True)
+            for r, (item_id, valid, frames, size) in enumerate(rows_meta):
                 item_id = str(item_id)
                 if item_id in index:
                     duplicates += 1
                     continue
-                index[item_id] = (s, r, int(valid), None if frames is None else tuple(int(f) for f in frames))
+                index[item_id] = (s, r, int(valid), None if frames is None else tuple(int(f) for f in frames),
+                                  None if size is None else (int(size[0]), int(size[1])))
         failures = _read_failures(root / "failures", exclude=index)
         if duplicates:
             log.info("feature store %s: %d duplicate item(s) across shards; the first copy is used",
@@ -566,44 +636,49 @@ class FeatureStore:
 
     def __getitem__(self, item_id: str) -> FeatureItem:
         try:
-            s, r, valid, frames = self._index[item_id]
+            s, r, valid, frames, size = self._index[item_id]
         except KeyError:
             raise KeyError(f"item {item_id!r} is not in the feature store {self.root}") from None
-        return FeatureItem(self._array(s)[r], valid, self.grid, frames)
+        boxes = self._array(s, "boxes")[r] if self.boxes else None
+        return FeatureItem(self._array(s)[r], valid, self.grid, frames, boxes, size)
 
     def get(self, item_id: str, default: Any = None) -> FeatureItem | Any:
         return self[item_id] if item_id in self._index else default
 
     # -- lazily opened memory maps
     def _reset_cache(self) -> None:
-        self._open: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._open: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
-    def _array(self, s: int) -> np.ndarray:
+    def _array(self, s: int, part: str = "features") -> np.ndarray:
+        """Shard ``s``'s memory-mapped ``features`` [rows, N, C] or ``boxes`` [rows, N, 4]."""
         if self._pid != os.getpid():  # forked: do not share the parent's maps
             self._reset_cache()
+        key = (s, part)
         with self._lock:
-            arr = self._open.get(s)
+            arr = self._open.get(key)
             if arr is not None:
-                self._open.move_to_end(s)
+                self._open.move_to_end(key)
                 return arr
-            arr = self._load(s)
-            self._open[s] = arr
+            arr = self._load(s, part)
+            self._open[key] = arr
             while len(self._open) > self.max_open_shards:
                 self._open.popitem(last=False)  # views handed out keep their map alive
             return arr
 
-    def _load(self, s: int) -> np.ndarray:
-        path = self.root / "shards" / self._shards[s]
-        fix = (f"delete it and {path.name[: -len('.npy')]}.index.json and re-run extraction to redo its items")
+    def _load(self, s: int, part: str = "features") -> np.ndarray:
+        stem = self._shards[s][: -len(".npy")]
+        path = self.root / "shards" / (f"{stem}.boxes.npy" if part == "boxes" else self._shards[s])
+        fix = f"delete it and {stem}.index.json and re-run extraction to redo its items"
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as e:
             raise DataError(f"feature shard {path} is unreadable, truncated or corrupt ({e}); {fix}") from e
-        expected = (self._rows[s], self.positions, self.dim)
-        if arr.shape != expected or arr.dtype != self.dtype:
-            raise DataError(f"feature shard {path} holds {arr.dtype} {list(arr.shape)}, expected {self.dtype} "
+        expected = (self._rows[s], self.positions, 4 if part == "boxes" else self.dim)
+        dtype = np.dtype(np.float32) if part == "boxes" else self.dtype
+        if arr.shape != expected or arr.dtype != dtype:
+            raise DataError(f"feature shard {path} holds {arr.dtype} {list(arr.shape)}, expected {dtype} "
                             f"{list(expected)}; {fix}")
         return arr
 
@@ -628,11 +703,13 @@ class FeatureStore:
         for name in self._shards:
             with contextlib.suppress(OSError):
                 nbytes += (self.root / "shards" / name).stat().st_size
+                if self.boxes:
+                    nbytes += (self.root / "shards" / f"{name[: -len('.npy')]}.boxes.npy").stat().st_size
         return {
             "root": str(self.root), "kind": self.meta.get("kind"), "items": len(self._index),
             "shards": len(self._shards), "duplicates": self.duplicates, "failures": len(self.failures),
             "positions": self.positions, "dim": self.dim, "grid": list(self.grid) if self.grid else None,
-            "dtype": str(self.dtype), "bytes": nbytes,
+            "dtype": str(self.dtype), "boxes": self.boxes, "bytes": nbytes,
         }
 
     def __repr__(self) -> str:

@@ -93,7 +93,8 @@ class FeatureStreams:
         self.dtype = np.dtype("float32" if "float32" in dtypes else "float16")
         offsets = np.cumsum([0, *self.dims[:-1]]).tolist()
         self.meta: dict[str, Any] = {
-            **mine, "dim": self.dim, "dtype": str(self.dtype),
+            **mine, "dim": self.dim, "dtype": str(self.dtype), "boxes": bool(first.meta.get("boxes")),
+            "regions": bool(first.meta.get("regions")),
             "settings": {"streams": [s.meta.get("settings") for s in self.stores]},
             "streams": [{**s.meta, "root": str(s.root), "offset": int(o)}
                         for s, o in zip(self.stores, offsets, strict=True)],
@@ -134,7 +135,8 @@ class FeatureStreams:
         """[N, sum C] features (a new array in the streams' common dtype), the first stream's valid/frames."""
         parts = [s[item_id] for s in self.stores]  # KeyError naming the store when absent
         features = np.concatenate([np.asarray(p.features, dtype=self.dtype) for p in parts], axis=1)
-        return FeatureItem(features, parts[0].valid, parts[0].grid, parts[0].frame_indices)
+        first = parts[0]  # positions agree across streams: the first stream's boxes are every stream's
+        return FeatureItem(features, first.valid, first.grid, first.frame_indices, first.boxes, first.image_size)
 
     def get(self, item_id: str, default: Any = None) -> FeatureItem | Any:
         return self[item_id] if item_id in self else default

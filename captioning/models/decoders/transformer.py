@@ -145,7 +145,8 @@ class TransformerDecoder(CaptionDecoder):
         if cfg.position_code != "none":
             if self.layout is None:
                 raise ConfigError("model.position_code needs the layout of the features (grid or frames) "
-                                  "from the feature store meta; set model.position_code=none")
+                                  "from the feature store meta, which region features have not; "
+                                  "set model.position_code=none")
             self.position = PositionCode(self.layout, feature_dim, cfg.position_code, cfg.position_mode,
                                          cfg.position_dim)
         in_dim = self.position.out_dim if self.position is not None else feature_dim
