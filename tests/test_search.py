@@ -16,6 +16,7 @@ from captioning.models.search import (
     beam_search,
     decode_batch,
     greedy_decode,
+    grouped_beam_search,
     length_penalty,
 )
 
@@ -334,3 +335,157 @@ def test_beam_search_equals_a_textbook_beam_search(width: int, penalty: str) -> 
                 greedy = textbook_beam_search(item, 1, 5, min_length, penalty)[0][2]
                 differs += greedy != hyps[0].tokens
     assert differs > 0  # the toy problem is one where the beam finds more than greedy search
+
+
+# --------------------------------------------------------------------------- diverse beam search
+#
+# Vijayakumar et al. 2018, as a textbook: the beam of K is G groups of K/G beams, processed one
+# group after the other at each step; group g ranks its candidates by its running score plus
+# log p(w) - strength * (how many times the groups before g chose w at this step: their
+# continuing beams and their finished <eos>).  Conventions otherwise those of the oracle above;
+# a finished hypothesis keeps (ranking score / lp, summed log-prob / lp, summed log-prob, words).
+
+
+def textbook_diverse_beam_search(item: int, k: int, groups: int, strength: float, max_length: int,
+                                 min_length: int, penalty: str, alpha: float = 0.6) -> list[list[tuple]]:
+    """Per group, every hypothesis that finishes, best first by the group's ranking score."""
+
+    def lp_divisor(length: int) -> float:
+        return {"none": 1.0, "gnmt": ((5.0 + length) / 6.0) ** alpha, "avg": float(length)}[penalty]
+
+    kg = k // groups
+    beams: list[list[tuple[float, float, list[int]]]] = [[(0.0, 0.0, [])] for _ in range(groups)]
+    finished: list[list[tuple]] = [[] for _ in range(groups)]
+    for t in range(max_length + 1):
+        chosen = [0] * TOY_V
+        for g in range(groups):
+            candidates = []
+            for rank, raw, words in beams[g]:
+                lp = toy_log_probs(item, words)
+                allowed = [EOS] if t == max_length else [*TOY_WORDS, *([EOS] if t >= min_length else [])]
+                candidates += [(rank + lp[v] - strength * chosen[v], raw + lp[v], words, v) for v in allowed]
+            candidates.sort(key=lambda c: -c[0])
+            for rank, raw, words, v in candidates[:kg]:
+                if v == EOS:
+                    div = lp_divisor(len(words) + 1)
+                    finished[g].append((rank / div, raw / div, raw, words))
+                    chosen[EOS] += 1
+            beams[g] = [(rank, raw, [*words, v]) for rank, raw, words, v in candidates if v != EOS][:kg]
+            for _, _, words in beams[g]:
+                chosen[words[-1]] += 1
+    return [sorted(f, key=lambda x: -x[0]) for f in finished]
+
+
+@pytest.mark.parametrize("penalty", ["none", "gnmt"])
+@pytest.mark.parametrize(("width", "groups", "strength"), [(4, 2, 0.7), (6, 3, 0.4), (3, 3, 2.0)])
+def test_diverse_beam_search_equals_a_textbook_diverse_beam_search(width: int, groups: int, strength: float,
+                                                                   penalty: str) -> None:
+    """Each group's hypotheses (words, score, log-prob) == the textbook's, 5 items in one batch."""
+    items = [0, 1, 2, 3, 4]
+    features = torch.tensor(items, dtype=torch.float32).view(-1, 1, 1).expand(-1, 2, 3).contiguous()
+    kg = width // groups
+    cfg = BeamConfig(beam_size=width, groups=groups, diversity_strength=strength, max_length=5,
+                     length_penalty=penalty, n_best=kg)
+    got = grouped_beam_search(ToyDecoder(), features, None, cfg, BOS, EOS, UNK)
+    merged = beam_search(ToyDecoder(), features, None, cfg, BOS, EOS, UNK)
+    differ = 0
+    for item, per_group, best in zip(items, got, merged, strict=True):
+        want = textbook_diverse_beam_search(item, width, groups, strength, 5, 1, penalty)
+        assert len(per_group) == groups
+        for g, (hyps, w) in enumerate(zip(per_group, want, strict=True)):
+            assert [h.tokens for h in hyps] == [x[3] for x in w[:kg]], (item, g)
+            assert [h.score for h in hyps] == pytest.approx([x[1] for x in w[:kg]], abs=1e-5)
+            assert [h.log_prob for h in hyps] == pytest.approx([x[2] for x in w[:kg]], abs=1e-5)
+            assert all(h.group == g and h.finished for h in hyps)
+        pool = sorted({tuple(x[3]): x[1] for w in want for x in w[:kg]}.items(), key=lambda x: -x[1])
+        assert [h.tokens for h in best] == [list(t) for t, _ in pool[:kg]]  # merged: best score first
+        differ += len({tuple(hyps[0].tokens) for hyps in per_group}) > 1
+    assert differ > 0  # the groups' best captions are not all the same
+
+
+def test_one_group_is_plain_beam_search() -> None:
+    """groups=1 (any strength) gives exactly plain beam search: words, scores, attention."""
+    dec = _model(vocab=10, seed=11, scale=1.5)
+    feats, mask = _feats(5, seed=11)
+    plain = beam_search(dec, feats, mask, BeamConfig(beam_size=4, max_length=7, n_best=4), BOS, EOS, UNK)
+    one = beam_search(dec, feats, mask, BeamConfig(beam_size=4, max_length=7, n_best=4, groups=1,
+                                                   diversity_strength=3.0), BOS, EOS, UNK)
+    for a, b in zip(plain, one, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == [h.score for h in b]
+        assert [h.log_prob for h in a] == [h.log_prob for h in b]
+        for ha, hb in zip(a, b, strict=True):
+            assert torch.equal(ha.attention, hb.attention)
+
+
+def test_zero_strength_groups_are_independent_beam_searches() -> None:
+    """diversity_strength=0: G groups of K/G beams == G beam searches of width K/G, each alone."""
+    dec = _model(vocab=10, seed=12, scale=1.5)
+    feats, mask = _feats(4, seed=12)
+    grouped = grouped_beam_search(dec, feats, mask, BeamConfig(beam_size=6, groups=3, diversity_strength=0.0,
+                                                               max_length=7, n_best=2), BOS, EOS, UNK)
+    alone = beam_search(dec, feats, mask, BeamConfig(beam_size=2, max_length=7, n_best=2), BOS, EOS, UNK)
+    for per_group, want in zip(grouped, alone, strict=True):
+        for hyps in per_group:
+            assert [h.tokens for h in hyps] == [h.tokens for h in want]
+            assert [h.score for h in hyps] == pytest.approx([h.score for h in want], abs=1e-5)
+            for h, w in zip(hyps, want, strict=True):
+                torch.testing.assert_close(h.attention, w.attention, atol=1e-5, rtol=1e-4)
+
+
+class TableDecoder(ToyDecoder):
+    """p(next word | prefix) from a table (the default row for prefixes not in it); no attention."""
+
+    def __init__(self, table: dict[tuple[int, ...], dict[int, float]], default: dict[int, float]) -> None:
+        self.table, self.default = table, default
+
+    def step(self, prev: torch.Tensor, state: ToyState):
+        prefixes = [p if t == BOS else [*p, t] for p, t in zip(state.prefixes, prev.tolist(), strict=True)]
+        lp = torch.full((len(prefixes), TOY_V), -30.0)
+        for r, p in enumerate(prefixes):
+            for w, prob in self.table.get(tuple(p), self.default).items():
+                lp[r, w] = math.log(prob)
+        return lp, None, ToyState(state.items, prefixes, state.group)
+
+
+def test_groups_differ_where_beam_search_repeats_itself() -> None:
+    """Word 4 is likely first: beam search's 3 best all start with it; 3 diverse groups start with
+    4, 5 and 6 (group 1: log .9 - 5 < log .06; group 2: log .9 - 10 and log .06 - 5 < log .04)."""
+    dec = TableDecoder({(): {4: 0.9, 5: 0.06, 6: 0.04}, (4,): {EOS: 0.5, 4: 0.22, 5: 0.18, 6: 0.1}}, {EOS: 0.97})
+    features = torch.zeros(2, 1, 1)
+    plain = beam_search(dec, features, None, BeamConfig(beam_size=3, max_length=4, n_best=3), BOS, EOS, UNK)
+    assert [h.tokens for h in plain[0]] == [[4], [4, 4], [4, 5]]  # near-duplicates
+    cfg = BeamConfig(beam_size=3, groups=3, diversity_strength=5.0, max_length=4, n_best=3)
+    for per_group in grouped_beam_search(dec, features, None, cfg, BOS, EOS, UNK):
+        assert [hyps[0].tokens for hyps in per_group] == [[4], [5], [6]]
+    for hyps in beam_search(dec, features, None, cfg, BOS, EOS, UNK):
+        assert [h.tokens for h in hyps] == [[4], [5], [6]]  # by log-prob: .45 > .0582 > .0388
+        assert [h.group for h in hyps] == [0, 1, 2]
+        assert hyps[0].log_prob == pytest.approx(math.log(0.9 * 0.5), abs=1e-6)
+    weak = BeamConfig(beam_size=3, groups=3, diversity_strength=2.0, max_length=4, n_best=3)
+    assert [h[0].tokens[0] for h in grouped_beam_search(dec, features, None, weak, BOS, EOS, UNK)[0]] == [4, 4, 5]
+
+
+@pytest.mark.parametrize("penalty", ["none", "gnmt"])
+def test_diverse_early_exit_does_not_change_results(penalty: str) -> None:
+    dec = _model(vocab=10, seed=13, scale=2.0)
+    with torch.no_grad():
+        dec.out_vocab.bias[EOS] = 0.5
+    feats, mask = _feats(6, seed=13)
+    cfg = BeamConfig(beam_size=4, groups=2, diversity_strength=0.8, max_length=12, length_penalty=penalty,
+                     n_best=4)
+    fast = beam_search(dec, feats, mask, cfg, BOS, EOS, UNK)
+    full = beam_search(dec, feats, mask, cfg, BOS, EOS, UNK, early_exit=False)
+    for a, b in zip(fast, full, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+def test_diverse_beam_search_config_errors() -> None:
+    with pytest.raises(ConfigError, match="not a multiple of decode.groups"):
+        BeamConfig(beam_size=5, groups=2).validate()
+    with pytest.raises(ConfigError, match="diversity_strength"):
+        BeamConfig(beam_size=4, groups=2, diversity_strength=-1.0).validate()
+    with pytest.raises(ConfigError, match="strategy=beam"):
+        BeamConfig(strategy="sample", beam_size=2, groups=2).validate()
+    BeamConfig(beam_size=6, groups=3, n_best=6).validate()

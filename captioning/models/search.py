@@ -34,6 +34,7 @@ __all__ = [
     "beam_search",
     "decode_batch",
     "greedy_decode",
+    "grouped_beam_search",
     "length_penalty",
     "sample",
 ]
@@ -46,7 +47,10 @@ class DecodeConfig:
     """How captions are decoded (OmegaConf structured-config compatible; ``conf/decode/*.yaml``).
 
     ``strategy=beam``: batched beam search (greedy when ``beam_size == 1``); ``n_best`` best
-    hypotheses per item.  ``strategy=sample``: ``num_samples`` captions per item drawn from the
+    hypotheses per item.  ``groups > 1``: diverse beam search (Vijayakumar et al. 2018), the
+    beam split into ``groups`` groups of ``beam_size / groups`` beams, each group's log-probs
+    penalised by ``diversity_strength`` per earlier group that chose the same word at the same
+    step (Hamming diversity).  ``strategy=sample``: ``num_samples`` captions per item drawn from the
     model's distribution with ``temperature``, ``top_k`` (0: off) and ``top_p`` (1: off),
     seeded by ``seed``; the most likely sample first.
     """
@@ -60,6 +64,8 @@ class DecodeConfig:
     block_unk: bool = True
     block_trigrams: bool = False
     n_best: int = 1
+    groups: int = 1  # diverse beam search: beam_size / groups beams per group (1: plain beam search)
+    diversity_strength: float = 0.5  # lambda of the Hamming diversity penalty (groups > 1)
     num_samples: int = 1  # sample: captions per item
     temperature: float = 1.0
     top_k: int = 0
@@ -81,6 +87,15 @@ class DecodeConfig:
             raise ConfigError(
                 f"decode.n_best={self.n_best} must be between 1 and beam_size={self.beam_size}"
             )
+        if self.groups < 1 or self.beam_size % self.groups:
+            raise ConfigError(
+                f"decode.beam_size={self.beam_size} is not a multiple of decode.groups={self.groups}: "
+                f"use groups >= 1 that divides beam_size (e.g. beam_size={max(1, self.groups) * 2})"
+            )
+        if self.diversity_strength < 0:
+            raise ConfigError(f"decode.diversity_strength must be >= 0 (got {self.diversity_strength})")
+        if self.groups > 1 and self.strategy != "beam":
+            raise ConfigError(f"decode.groups={self.groups} is a beam search option: use strategy=beam")
         if self.num_samples < 1 or self.temperature <= 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
             raise ConfigError(
                 f"decode.num_samples >= 1, temperature > 0, top_k >= 0 and 0 < top_p <= 1 "
@@ -102,13 +117,15 @@ class Hypothesis:
     """A decoded caption: ``tokens`` (no <bos>/<eos>), ``score`` (the ranking score:
     length-normalised for beam search with a length penalty, else the sum of log-probs),
     ``attention [len(tokens), N]`` (CPU float32; None for models without attention),
-    ``log_prob`` (sum of token log-probs incl. <eos>), ``finished`` (ended with <eos>)."""
+    ``log_prob`` (sum of token log-probs incl. <eos>), ``finished`` (ended with <eos>),
+    ``group`` (the diverse beam search group that found it; 0 otherwise)."""
 
     tokens: list[int]
     score: float
     attention: Tensor | None
     log_prob: float = 0.0
     finished: bool = True
+    group: int = 0  # diverse beam search: the group that found it
 
 
 def length_penalty(length: int, kind: str, alpha: float = 0.6) -> float:
@@ -247,8 +264,126 @@ class _StepRecord:
     pos: list[int]  # global item -> row in this step's arrays (-1: inactive)
     tok: Tensor  # [A,K] cpu: token chosen by each new beam
     par: Tensor  # [A,K] cpu: parent beam (index into the previous step's beams)
-    score: Tensor  # [A,K] cpu float: raw score of each new beam
+    score: Tensor  # [A,K] cpu float: ranking score of each new beam (with diversity penalties)
+    raw: Tensor  # [A,K] cpu float: its summed log-probs
     alpha: Tensor | None  # [A,K,N] alpha of the OLD beams at this step (device until the end)
+
+
+@dataclass
+class _Finished:
+    """A hypothesis that emitted <eos> at ``step`` from beam ``parent`` of group ``group``."""
+
+    rank: float  # ranking score within the group (length-normalised, diversity penalties included)
+    score: float  # length-normalised summed log-probs
+    raw: float  # summed log-probs incl. <eos>
+    step: int
+    parent: int
+    group: int
+
+
+@dataclass
+class _Step:
+    """One step's selection for ``A`` items x ``K = G * Kg`` beams (group ``g``: beams ``g*Kg ..``)."""
+
+    scores: Tensor  # [A,K] ranking score of the new beams (-inf: dead)
+    raw: Tensor  # [A,K] their summed log-probs
+    beam: Tensor  # [A,K] parent beam of each new beam (0..K-1)
+    token: Tensor  # [A,K] its last token
+    ended: list[tuple[Tensor, Tensor, Tensor, Tensor]]  # per group: (done [A,Kg], score, raw, parent) of <eos> candidates
+
+
+def _expand(scores: Tensor, lp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The best ``2K`` one-word extensions of ``K`` beams: ``scores [A,K]`` + ``lp [A,K,V]`` ->
+    ``(score, beam, token)``, each ``[A,2K]``, best first."""
+    a, k, v = lp.shape
+    cand = (scores.unsqueeze(-1) + lp).view(a, k * v)
+    top_s, top_i = cand.topk(min(2 * k, k * v), dim=1)
+    return top_s, torch.div(top_i, v, rounding_mode="floor"), top_i % v
+
+
+def _group_step(scores: Tensor, raw: Tensor, lp: Tensor, penalty: Tensor | None, eos: int
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """One step of one group's ``Kg`` beams: ``scores``/``raw [A,Kg]``, ``lp [A,Kg,V]``, ``penalty
+    [A,V]`` (subtracted for ranking; None: none) -> the ``Kg`` new live beams' (scores, raw, parent,
+    token) and the <eos> candidates ranked among the first ``Kg``, which finish."""
+    k, v = lp.shape[1], lp.shape[2]
+    ranked = lp if penalty is None else lp - penalty.unsqueeze(1)
+    top_s, top_beam, top_tok = _expand(scores, ranked)
+    if penalty is None:
+        top_raw = top_s  # the same sums: ranking score == log-prob
+    else:
+        top_raw = raw.gather(1, top_beam) + lp.reshape(lp.shape[0], k * v).gather(1, top_beam * v + top_tok)
+    is_eos = top_tok == eos
+    done = is_eos[:, :k] & torch.isfinite(top_s[:, :k])
+    sel_s, sel_r = top_s.masked_fill(is_eos, NEG_INF).topk(k, dim=1)
+    ended = (done, top_s[:, :k], top_raw[:, :k], top_beam[:, :k])
+    return sel_s, top_raw.gather(1, sel_r), top_beam.gather(1, sel_r), top_tok.gather(1, sel_r), ended
+
+
+def _diverse_step(scores: Tensor, raw: Tensor, lp: Tensor, groups: int, strength: float, eos: int) -> _Step:
+    """Select the next beams group after group (``scores``/``raw [A,K]``, ``lp [A,K,V]``).
+
+    Hamming diversity (Vijayakumar et al. 2018): group ``g`` ranks its candidates by
+    ``log p - strength * c``, ``c [A,V]`` = how many times the groups before it chose each word
+    at this step (their continuing beams and their finished <eos>).  Group 0, and every group
+    when ``strength == 0``, is a plain beam search of ``K / groups`` beams.
+    """
+    a, k, v = lp.shape
+    kg = k // groups
+    count = lp.new_zeros(a, v) if groups > 1 and strength > 0 else None
+    parts, ended = [], []
+    for g in range(groups):
+        cols = slice(g * kg, (g + 1) * kg)
+        penalty = None if count is None or g == 0 else strength * count
+        s, r, b, tok, fin = _group_step(scores[:, cols], raw[:, cols], lp[:, cols], penalty, eos)
+        parts.append((s, r, b + g * kg, tok))
+        ended.append((fin[0], fin[1], fin[2], fin[3] + g * kg))
+        if count is not None:
+            count.scatter_add_(1, tok, torch.isfinite(s).to(count.dtype))
+            count[:, eos] += fin[0].sum(1).to(count.dtype)
+    s, r, b, tok = (torch.cat(x, 1) for x in zip(*parts, strict=True))
+    return _Step(s, r, b, tok, ended)
+
+
+def _collect_finished(finished: list[list[list[_Finished]]], active: list[int], step: _Step, t: int,
+                      divisor: float) -> None:
+    """Append the hypotheses that emitted <eos> at step ``t`` (``divisor``: the length penalty)."""
+    for g, (done, top_s, top_raw, parent) in enumerate(step.ended):
+        if not bool(done.any()):
+            continue
+        idx = done.nonzero().cpu().tolist()
+        s, r, p = top_s.cpu(), top_raw.cpu(), parent.cpu()
+        for a, j in idx:
+            raw = float(r[a, j])
+            finished[active[a]][g].append(_Finished(float(s[a, j]) / divisor, raw / divisor, raw, t, int(p[a, j]), g))
+
+
+def _record(step: _Step, alpha: Tensor | None, active: list[int], items: int) -> _StepRecord:
+    """What backtracking needs of a step: the choices on the CPU (one transfer), alpha as it is."""
+    pos = [-1] * items
+    for a, item in enumerate(active):
+        pos[item] = a
+    sel = torch.stack([step.token, step.beam], 0).cpu()
+    scores = torch.stack([step.scores, step.raw], 0).float().cpu()
+    k = step.token.shape[1]
+    return _StepRecord(pos, sel[0], sel[1], scores[0], scores[1],
+                       None if alpha is None else alpha.view(len(active), k, -1))
+
+
+def _group_open(best_live: float, done: list[_Finished], n: int, lp_max: float, early_exit: bool) -> bool:
+    """Whether a live beam of a group can still enter its ``n`` best: the live score only
+    decreases, and a length penalty divides it by at most ``lp_max``."""
+    bound = best_live
+    if not early_exit:
+        bound = float("inf") if bound > NEG_INF else bound
+    if bound == NEG_INF:
+        return False  # nothing alive any more
+    bound = bound / lp_max if bound <= 0 else bound
+    if len(done) >= n:
+        nth = sorted((f.rank for f in done), reverse=True)[n - 1]
+        if nth >= bound:
+            return False
+    return True
 
 
 def _backtrack(
@@ -274,6 +409,46 @@ def _backtrack(
     return toks, att
 
 
+def _group_hypotheses(records: list[_StepRecord], done: list[_Finished], item: int, last_step: int,
+                      group: int, kg: int, n: int, kind: str, alpha: float) -> list[Hypothesis]:
+    """Group ``group``'s ``n`` best finished hypotheses of ``item``, best first; when fewer
+    finished, the best unfinished beams of the last step with a live beam; never an empty list."""
+    hyps: list[Hypothesis] = []
+    seen: set[tuple[int, ...]] = set()
+    for f in sorted(done, key=lambda x: -x.rank)[:n]:
+        toks, att = _backtrack(records, item, f.step - 1, f.parent)
+        hyps.append(Hypothesis(toks, f.score, att, f.raw, True, group))
+        seen.add(tuple(toks))
+    for s in range(last_step, -1, -1) if len(hyps) < n else ():
+        rec = records[s]
+        a = rec.pos[item]
+        live = [j for j in range(group * kg, (group + 1) * kg) if math.isfinite(float(rec.score[a, j]))]
+        for j in live:
+            toks, att = _backtrack(records, item, s, j)
+            if tuple(toks) not in seen:
+                raw = float(rec.raw[a, j])
+                hyps.append(Hypothesis(toks, raw / length_penalty(len(toks), kind, alpha), att, raw, False, group))
+                seen.add(tuple(toks))
+            if len(hyps) >= n:
+                break
+        if live:
+            break
+    return hyps or [Hypothesis([], NEG_INF, None, NEG_INF, False, group)]
+
+
+def _merge_groups(per_group: list[list[Hypothesis]], n: int) -> list[Hypothesis]:
+    """The ``n`` best of all groups' hypotheses (finished first, then by ``score``), one per caption."""
+    if len(per_group) == 1:
+        return per_group[0]
+    out: list[Hypothesis] = []
+    seen: set[tuple[int, ...]] = set()
+    for h in sorted((h for hyps in per_group for h in hyps), key=lambda h: (not h.finished, -h.score)):
+        if tuple(h.tokens) not in seen and len(out) < n:
+            out.append(h)
+            seen.add(tuple(h.tokens))
+    return out
+
+
 @torch.no_grad()
 def beam_search(
     decoder: Any,
@@ -288,17 +463,40 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Batched beam search: ``features [B,N,C]`` -> for each item its ``n_best`` hypotheses, best first.
 
+    With ``cfg.groups > 1`` (diverse beam search) the groups' hypotheses are merged: finished
+    first, by ``score`` (the length-normalised log-prob, without diversity penalties), one per
+    distinct caption; ``Hypothesis.group`` says which group found it.  See ``grouped_beam_search``.
+    """
+    per_item = grouped_beam_search(decoder, features, mask, cfg, bos, eos, unk, early_exit=early_exit)
+    return [_merge_groups(groups, cfg.n_best) for groups in per_item]
+
+
+@torch.no_grad()
+def grouped_beam_search(
+    decoder: Any,
+    features: Tensor,
+    mask: Tensor | None,
+    cfg: BeamConfig,
+    bos: int,
+    eos: int,
+    unk: int | None = None,
+    *,
+    early_exit: bool = True,
+) -> list[list[list[Hypothesis]]]:
+    """(Diverse) beam search -> per item, per group, the group's ``min(n_best, K / groups)`` best.
+
     All items x beams run as ``B*K`` rows through one ``decoder.step`` per time step (the K
-    beams of an item share the item's keys/values).  At each step the best ``2K`` candidates
-    of an item are taken; <eos> candidates ranked within the first K are finished, the best
-    K others continue.  An item stops when it has ``n_best`` finished hypotheses that no live
-    beam can beat (for ``none`` the live score only decreases; for ``gnmt``/``avg`` the bound
-    divides it by the penalty at ``max_length``); finished items leave the batch.
+    beams of an item share the item's keys/values).  At each step every group takes the best
+    ``2Kg`` candidates of its ``Kg = K / groups`` beams (ranked with the diversity penalty of
+    ``_diverse_step``); <eos> candidates ranked within the first ``Kg`` are finished, the best
+    ``Kg`` others continue.  An item stops when each group has its hypotheses and no live beam
+    of the group can beat them (for ``none`` the live score only decreases; for ``gnmt``/``avg``
+    the bound divides it by the penalty at ``max_length``); finished items leave the batch.
     ``early_exit=False`` runs every item to ``max_length`` (same results, for testing).
     """
     cfg.validate()
-    bsz = features.shape[0]
-    k = cfg.beam_size
+    bsz, k, groups = features.shape[0], cfg.beam_size, cfg.groups
+    kg, n_group = k // groups, min(cfg.n_best, k // groups)
     v = int(decoder.vocab_size)
     device = features.device
     banned = _banned_tokens(decoder, bos, eos, unk if cfg.block_unk else None)
@@ -308,97 +506,44 @@ def beam_search(
     state = decoder.init_state(features, mask).repeat_interleave(k)
     active: list[int] = list(range(bsz))
     scores = torch.full((bsz, k), NEG_INF, device=device)
-    scores[:, 0] = 0.0
+    scores[:, ::kg] = 0.0  # every group starts from one <bos> beam
+    raw = scores.clone()
     prev = torch.full((bsz * k,), bos, dtype=torch.long, device=device)
     history = torch.zeros(bsz * k, 0, dtype=torch.long, device=device)
     records: list[_StepRecord] = []
-    # per item: (normalised score, raw score, step of <eos>, parent beam)
-    finished: list[list[tuple[float, float, int, int]]] = [[] for _ in range(bsz)]
+    finished: list[list[list[_Finished]]] = [[[] for _ in range(groups)] for _ in range(bsz)]
     last_step = [-1] * bsz  # last step each item took part in
 
     for t in range(cfg.max_length + 1):
         n_act = len(active)
         lp, alpha, state = decoder.step(prev, state)
-        lp = _mask_log_probs(
-            lp,
-            t,
-            eos=eos,
-            banned=banned,
-            min_length=cfg.min_length,
-            max_length=cfg.max_length,
-            history=history,
-            block_trigrams=cfg.block_trigrams,
-        )
-        cand = (scores.unsqueeze(-1) + lp.view(n_act, k, v)).view(n_act, k * v)
-        top_s, top_i = cand.topk(min(2 * k, k * v), dim=1)
-        top_beam = torch.div(top_i, v, rounding_mode="floor")
-        top_tok = top_i % v
-        is_eos = top_tok == eos
-
-        # finished candidates: <eos> among the first K ranks
-        fin = is_eos[:, :k] & torch.isfinite(top_s[:, :k])
-        if bool(fin.any()):
-            idx = fin.nonzero().cpu().tolist()
-            fs = top_s[:, :k].cpu()
-            fb = top_beam[:, :k].cpu()
-            norm = length_penalty(t + 1, kind, la)
-            for a, r in idx:
-                raw = float(fs[a, r])
-                finished[active[a]].append((raw / norm, raw, t, int(fb[a, r])))
-
-        # live beams: the best K non-<eos> candidates
-        alive_s = top_s.masked_fill(is_eos, NEG_INF)
-        sel_s, sel_r = alive_s.topk(k, dim=1)
-        new_beam = top_beam.gather(1, sel_r)
-        new_tok = top_tok.gather(1, sel_r)
-        scores = sel_s
-
-        pos = [-1] * bsz
-        for a, item in enumerate(active):
-            pos[item] = a
+        lp = _mask_log_probs(lp, t, eos=eos, banned=banned, min_length=cfg.min_length,
+                             max_length=cfg.max_length, history=history, block_trigrams=cfg.block_trigrams)
+        step = _diverse_step(scores, raw, lp.view(n_act, k, v), groups, cfg.diversity_strength, eos)
+        _collect_finished(finished, active, step, t, length_penalty(t + 1, kind, la))
+        scores, raw = step.scores, step.raw
+        records.append(_record(step, alpha, active, bsz))
+        for item in active:
             last_step[item] = t
-        sel_cpu = torch.stack([new_tok, new_beam], 0).cpu()
-        scores_cpu = scores.float().cpu()
-        records.append(
-            _StepRecord(
-                pos=pos,
-                tok=sel_cpu[0],
-                par=sel_cpu[1],
-                score=scores_cpu,
-                alpha=None if alpha is None else alpha.view(n_act, k, -1),
-            )
-        )
         if t == cfg.max_length:
             break
 
-        rows = (torch.arange(n_act, device=device).unsqueeze(1) * k + new_beam).view(-1)
+        rows = (torch.arange(n_act, device=device).unsqueeze(1) * k + step.beam).view(-1)
         state = state.index_select(rows, within_groups=True)
-        history = torch.cat([history.index_select(0, rows), new_tok.view(-1, 1)], 1)
-        prev = new_tok.view(-1)
+        history = torch.cat([history.index_select(0, rows), step.token.view(-1, 1)], 1)
+        prev = step.token.view(-1)
 
-        # early exit: n_best finished that no live beam can beat
-        best_live = scores_cpu[:, 0].tolist()
-        keep: list[int] = []
-        for a, item in enumerate(active):
-            bound = best_live[a]
-            if not early_exit:
-                bound = float("inf") if bound > NEG_INF else bound
-            if bound == NEG_INF:
-                continue  # nothing alive any more
-            bound = bound / lp_max if bound <= 0 else bound
-            f = finished[item]
-            if len(f) >= cfg.n_best:
-                nth = sorted((x[0] for x in f), reverse=True)[cfg.n_best - 1]
-                if nth >= bound:
-                    continue
-            keep.append(a)
+        best_live = records[-1].score[:, ::kg].tolist()  # each group's best live beam
+        keep = [a for a, item in enumerate(active)
+                if any(_group_open(best_live[a][g], finished[item][g], n_group, lp_max, early_exit)
+                       for g in range(groups))]
         if not keep:
             break
         if len(keep) < n_act:
             keep_t = torch.tensor(keep, device=device)
             rows_keep = (keep_t.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
             state = state.select_groups(keep_t)
-            scores = scores.index_select(0, keep_t)
+            scores, raw = scores.index_select(0, keep_t), raw.index_select(0, keep_t)
             history = history.index_select(0, rows_keep)
             prev = prev.index_select(0, rows_keep)
             active = [active[a] for a in keep]
@@ -406,40 +551,8 @@ def beam_search(
     for rec in records:  # one transfer per step
         if rec.alpha is not None:
             rec.alpha = rec.alpha.float().cpu()
-
-    results: list[list[Hypothesis]] = []
-    for item in range(bsz):
-        hyps: list[Hypothesis] = []
-        seen: set[tuple[int, ...]] = set()
-        for norm, raw, step, parent in sorted(finished[item], key=lambda x: -x[0]):
-            if len(hyps) >= cfg.n_best:
-                break
-            toks, att = _backtrack(records, item, step - 1, parent)
-            hyps.append(Hypothesis(toks, norm, att, raw, True))
-            seen.add(tuple(toks))
-        if len(hyps) < cfg.n_best:
-            # fall back to the best unfinished beams of the last step with a live beam
-            for s in range(last_step[item], -1, -1):
-                rec = records[s]
-                a = rec.pos[item]
-                live = [j for j in range(k) if math.isfinite(float(rec.score[a, j]))]
-                if not live:
-                    continue
-                for j in live:
-                    if len(hyps) >= cfg.n_best:
-                        break
-                    toks, att = _backtrack(records, item, s, j)
-                    if tuple(toks) in seen:
-                        continue
-                    raw = float(rec.score[a, j])
-                    norm = raw / length_penalty(len(toks), kind, la)
-                    hyps.append(Hypothesis(toks, norm, att, raw, False))
-                    seen.add(tuple(toks))
-                break
-        if not hyps:  # nothing finite at all: empty caption rather than no result
-            hyps.append(Hypothesis([], NEG_INF, None, NEG_INF, False))
-        results.append(hyps)
-    return results
+    return [[_group_hypotheses(records, finished[item][g], item, last_step[item], g, kg, n_group, kind, la)
+             for g in range(groups)] for item in range(bsz)]
 
 
 def decode_batch(
