@@ -14,7 +14,10 @@ encoder weights for a model trained end to end (``captioning.train.finetune``).
 ``caption_split`` decodes the features of a split from the checkpoint's FeatureStore, and
 ``caption_features`` decodes features computed elsewhere.  Decoding options are the fields of
 ``captioning.models.search.BeamConfig`` (``beam_size``, ``max_length``, ``min_length``,
-``length_penalty``, ``alpha``, ``block_unk``, ``block_trigrams``), given as keyword arguments.
+``length_penalty``, ``alpha``, ``block_unk``, ``block_trigrams``, ``n_best``, ``groups``,
+``diversity_strength``, ...), given as keyword arguments; ``CaptionResult.nbest`` holds every
+hypothesis when several are asked for.  ``Captioner.from_checkpoint([a, b, c])`` decodes with the
+test-time ensemble of the three checkpoints.
 ``captioning-caption`` is this API plus ``captioning.viz.gallery.write_gallery``.
 """
 
@@ -42,9 +45,9 @@ from captioning.features.featurize import (
     featurize_streams,
     rebuild_backbones,
 )
-from captioning.models.search import BeamConfig
+from captioning.models.search import BeamConfig, decode_batch
 from captioning.store.streams import open_features, stream_metas
-from captioning.train.checkpoint import check_compatible, load_captioner
+from captioning.train.checkpoint import check_compatible, load_captioner, load_ensemble
 from captioning.train.finetune import FinetuneModule
 from captioning.viz.gallery import error_line
 from captioning.viz.heatmaps import plot_result
@@ -73,6 +76,8 @@ class CaptionResult:
     attention_shape: list[int] = field(default_factory=list)
     frame_indices: list[int] | None = None
     score: float | None = None  # the beam's ranking score (summed log-probs, length-normalised if set)
+    nbest: list[tuple[str, float]] = field(default_factory=list)  # (caption, score), best first, when decode
+    # asks for several (n_best > 1, diverse groups, num_samples > 1); empty otherwise
     has_attention: bool = True
     hard_attention: bool = False  # the model attends to one location per word (figures mark it)
     image: np.ndarray | None = field(default=None, repr=False)
@@ -155,11 +160,18 @@ class Captioner:
         self._encoders: list[Any] | None = None
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "auto") -> Captioner:
-        """Load a ``captioning-train`` checkpoint (safe loading) onto ``device`` (auto | cpu | cuda[:i])."""
+    def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | torch.device = "auto"
+                        ) -> Captioner:
+        """Load a ``captioning-train`` checkpoint (safe loading) onto ``device`` (auto | cpu | cuda[:i]).
+
+        A list of checkpoints: their test-time ensemble (``captioning.models.ensemble``: the mean of
+        their word distributions; the attention of results and figures is the mean of theirs)."""
 
         device = resolve_device(device)
-        return cls(load_captioner(path), device=device, source=path)
+        if isinstance(path, (str, Path)):
+            return cls(load_captioner(path), device=device, source=path)
+        paths = [str(p) for p in path]
+        return cls(load_ensemble(paths), device=device, source=" + ".join(paths))
 
     @property
     def vocab(self) -> Any:
@@ -348,10 +360,13 @@ class Captioner:
         x = torch.stack([f.features.float() for f in feats]).to(self.device)
         n = x.shape[1]
         mask = torch.arange(n)[None, :] < torch.tensor([int(f.valid) for f in feats])[:, None]
-        hyps = self.module.generate(x, mask.to(self.device), cfg)
-        itos = self.module.vocab.itos
+        v = self.module.vocab
+        with torch.no_grad():
+            nbest = decode_batch(self.module.decoder, x, mask.to(self.device), cfg, v.bos, v.eos, v.unk)
+        itos = v.itos
         out = []
-        for h, f in zip(hyps, feats, strict=True):
+        for hyps, f in zip(nbest, feats, strict=True):
+            h = hyps[0]
             tokens = [itos[t] for t in h.tokens]
             if h.attention is None:  # show_tell / mean_pool: the context is the uniform mean
                 att = np.zeros((len(tokens), n), dtype=np.float64)
@@ -359,7 +374,9 @@ class Captioner:
             else:
                 att = h.attention[: len(tokens)].float().cpu().numpy().astype(np.float64)
             r = CaptionResult(f.item_id, self.kind, caption=" ".join(tokens), tokens=tokens, score=float(h.score),
-                              has_attention=h.attention is not None, hard_attention=self.hard_attention)
+                              has_attention=h.attention is not None, hard_attention=self.hard_attention,
+                              nbest=[(" ".join(itos[t] for t in x.tokens), float(x.score)) for x in hyps]
+                              if len(hyps) > 1 else [])
             if self.kind == "image":
                 assert self.grid is not None
                 r.attention, r.attention_shape = att, list(self.grid)

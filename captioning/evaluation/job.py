@@ -13,6 +13,7 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -22,12 +23,18 @@ from captioning.data.datamodule import CaptionEvalDataset, FeatureItems, collate
 from captioning.errors import ConfigError, DataError
 from captioning.evaluation.grounding import evaluate_grounding
 from captioning.evaluation.report import metrics_by_length, vocabulary_usage, write_report
+from captioning.evaluation.server import check_request, coco_image_set, write_coco_results
 from captioning.evaluation.structure import evaluate_structure
 from captioning.metrics.coco import compute_metrics
 from captioning.models.decoders import run_tag
 from captioning.models.search import BeamConfig
 from captioning.store.streams import open_features
-from captioning.train.checkpoint import check_compatible, load_captioner, load_checkpoint
+from captioning.train.checkpoint import (
+    check_compatible,
+    load_captioner,
+    load_checkpoint,
+    load_ensemble,
+)
 from captioning.train.module import gather_objects
 from captioning.utils.io import atomic_write_json, read_json
 
@@ -36,7 +43,7 @@ log = logging.getLogger("captioning.evaluate")
 
 @dataclass
 class EvaluateConfig:
-    ckpt_path: str = MISSING
+    ckpt_path: Any = MISSING  # a checkpoint, or a list of them: a test-time ensemble (captioning.models.ensemble)
     split: str = "test"
     decode: BeamConfig = field(default_factory=BeamConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -48,6 +55,23 @@ class EvaluateConfig:
     num_workers: int = 2
     grounding: bool = True
     max_items: int | None = None
+    server: str | None = None  # coco: also write the evaluation server's file (captioning.evaluation.server)
+    server_alg: str | None = None  # <alg> of its name; default: the run's folder name
+
+
+def checkpoint_paths(ckpt_path: Any) -> list[str]:
+    """``ckpt_path`` as a list: one checkpoint, or the members of an ensemble."""
+    paths = [ckpt_path] if isinstance(ckpt_path, (str, Path)) else list(ckpt_path or [])
+    if not paths or not all(isinstance(p, (str, Path)) for p in paths):
+        raise ConfigError(f"ckpt_path={ckpt_path!r}: pass a checkpoint (ckpt_path=<run>/checkpoints/best.ckpt) "
+                          f"or a list of them for an ensemble (ckpt_path=[a.ckpt,b.ckpt])")
+    return [str(p) for p in paths]
+
+
+def run_name(paths: list[str]) -> str:
+    """The first checkpoint's run folder name (``<run>/checkpoints/x.ckpt``), ``-ensemble<M>`` added."""
+    name = Path(paths[0]).resolve().parent.parent.name
+    return name if len(paths) == 1 else f"{name}-ensemble{len(paths)}"
 
 
 def evaluate(cfg: EvaluateConfig) -> dict | None:
@@ -57,15 +81,17 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     from torch.utils.data import DataLoader
 
 
-    hp = load_checkpoint(cfg.ckpt_path)["hyper_parameters"]
+    paths = checkpoint_paths(cfg.ckpt_path)
+    hp = load_checkpoint(paths[0])["hyper_parameters"]
     train_cfg = hp["config"]
     data_cfg = checkpoint_data_config(train_cfg, cfg.data_root)
+    check_request(cfg.server, data_cfg.kind, cfg.max_items)
     features_dir = cfg.features_dir or train_cfg["features_dir"]
     if cfg.data_root and not cfg.features_dir:
         features_dir = features_dir.replace(train_cfg["data"]["root"], cfg.data_root, 1)
     store = open_features(features_dir)  # one store, or several streams joined
-    check_compatible(hp, hp["vocab"], dict(store.meta), cfg.ckpt_path)
-    model = load_captioner(cfg.ckpt_path)
+    check_compatible(hp, hp["vocab"], dict(store.meta), paths[0])  # the other members: as the first
+    model = load_captioner(paths[0]) if len(paths) == 1 else load_ensemble(paths)
     model.decode_cfg = cfg.decode
 
     records = read_dataset(data_cfg).split(cfg.split)
@@ -87,8 +113,9 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     if not trainer.is_global_zero:
         return None
 
+    ensemble = f"ensemble{len(paths)}-" if len(paths) > 1 else ""
     out = Path(cfg.output_dir) if cfg.output_dir else (
-        Path(cfg.ckpt_path).resolve().parent.parent / "eval" / f"{cfg.split}-beam{cfg.decode.beam_size}")
+        Path(paths[0]).resolve().parent.parent / "eval" / f"{ensemble}{cfg.split}-beam{cfg.decode.beam_size}")
     out.mkdir(parents=True, exist_ok=True)
     order = sorted(predictions)
     id_key = "video_id" if data_cfg.kind == "video" else "image_id"
@@ -117,6 +144,12 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
                 {"caption": " ".join(t), "score": s} for t, s in predictions[i]["nbest"]]}
             for i in order
         ], indent=None)
+    if cfg.server:  # after the other files: a failed check loses no decoded caption
+        server_file, _ = write_coco_results({items.records[i].source_id: hyps[i] for i in order},
+                                            [r.source_id for r in records], out,
+                                            coco_image_set([r.path for r in records], cfg.split),
+                                            cfg.server_alg or run_name(paths))
+        log.info("%s server file: %s (zipped: %s)", cfg.server, server_file, out / "results.zip")
 
     grounding = structure = None
     gfile = None
@@ -145,7 +178,7 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
                                        frame_indices=frame_indices, geometry=dict(store.meta), valid=valid)
     by_length = metrics_by_length(refs, hyps)
     vocab_use = vocabulary_usage(hyps, refs, len(model.vocab))
-    meta = {"checkpoint": str(cfg.ckpt_path), "split": cfg.split, "items": len(order),
+    meta = {"checkpoint": paths[0] if len(paths) == 1 else paths, "split": cfg.split, "items": len(order),
             "decode": vars(cfg.decode), "data": data_cfg.name, "model": run_tag(train_cfg["model"]),
             "bleu_stats": getattr(result, "bleu_stats", None)}
     write_report(out, scores, by_length, vocab_use, grounding, meta, structure=structure)

@@ -11,7 +11,7 @@ import errno
 import io
 import pickle
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,9 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.plugins import TorchCheckpointIO
 
 from captioning.errors import CheckpointError, ConfigError, StorageError
+from captioning.models.ensemble import EnsembleDecoder
 from captioning.store.feature_store import settings_diff
-from captioning.train.finetune import captioner_class
+from captioning.train.finetune import FinetuneModule, captioner_class
 from captioning.utils.io import atomic_write
 
 
@@ -146,3 +147,29 @@ def load_captioner(path: str | Path, map_location: str | torch.device = "cpu"):
                               f"{str(e).splitlines()[0][:300]}") from None
     model.eval()
     return model
+
+
+def load_ensemble(paths: Sequence[str | Path], map_location: str | torch.device = "cpu"):
+    """The first checkpoint's LightningModule decoding with all checkpoints' decoders as one
+    ``captioning.models.ensemble.EnsembleDecoder`` (the mean of their word distributions; its
+    attention is the mean of theirs), in eval mode.
+
+    The members must have the same vocabulary and features (encoder settings and dimension);
+    end-to-end fine-tuned checkpoints (each with its own encoder) cannot be ensembled.
+    """
+    paths = [str(p) for p in paths]
+    modules = [load_captioner(p, map_location) for p in paths]
+    first, first_meta = modules[0], modules[0].hparams["feature_meta"]
+    for path, module in zip(paths, modules, strict=True):
+        if len(paths) > 1 and isinstance(module, FinetuneModule):
+            raise ConfigError(f"ensemble: {path} was fine-tuned end to end (its own encoder); ensemble "
+                              f"checkpoints trained on stored features only")
+        if list(module.vocab.itos) != list(first.vocab.itos):
+            raise ConfigError(f"ensemble: {path} has a different vocabulary ({len(module.vocab)} words) than "
+                              f"{paths[0]} ({len(first.vocab)} words); ensemble checkpoints trained on the same data")
+        diff = settings_diff(first_meta, module.hparams["feature_meta"], keys=("settings", "dim"))
+        if diff:
+            raise ConfigError(f"ensemble: {path} reads other features than {paths[0]} (they differ in "
+                              f"{sorted(diff)}); ensemble checkpoints trained on the same features_dir")
+    first.decoder = EnsembleDecoder([m.decoder for m in modules])
+    return first.eval()
