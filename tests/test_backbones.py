@@ -90,7 +90,7 @@ def test_local_checkpoint_path_roundtrip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("cfg", "match"),
     [
-        (EncoderConfig(name="alexnet", weights="none"), "not a known backbone"),
+        (EncoderConfig(name="alexnet", weights="none"), "encoder.name='alexnet' is not a registered 2-D backbone"),
         (EncoderConfig(name="resnet50", weights="packaged"), "only available for efficientnet_lite0"),
         (EncoderConfig(name="resnet50", weights="none", layer="layer9"), "not a stage of resnet50"),
         (EncoderConfig(name="vgg16", weights="none", layer="conv9"), "not a stage of vgg16"),
@@ -234,3 +234,32 @@ def test_clip_keys_leave_2d_encoders_as_they_were() -> None:
     from captioning.features.encoders import encoder_names
 
     assert {"r3d_18", "mc3_18", "r2plus1d_18", "s3d"} <= set(encoder_names())
+
+
+def test_a_new_backbone_is_one_registered_function(monkeypatch) -> None:
+    """A builder registered in BACKBONES (with the function listing its stages) is built by every
+    entry point and can be fine-tuned; registering its name again with another builder is refused."""
+    from captioning.features.backbones import (
+        BACKBONES,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        BuiltModel,
+        stages,
+    )
+    from captioning.features.encoders import build_encoder, encoder_names
+
+    monkeypatch.setattr(BACKBONES, "_entries", dict(BACKBONES._entries))  # registered for this test only
+
+    def tiny_stages(backbone) -> list:
+        return list(backbone._features.named_children())
+
+    @BACKBONES.register("tiny_cnn", stages=tiny_stages)
+    def tiny_cnn(cfg: EncoderConfig) -> BuiltModel:
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 2, 1), torch.nn.Conv2d(8, 16, 3, 2, 1))
+        return BuiltModel(net, net, "features", "none", IMAGENET_MEAN, IMAGENET_STD, "bilinear")
+
+    b = build_encoder(EncoderConfig(name="tiny_cnn", weights="none", image_size=32))
+    assert b.output_shape(32) == (16, 8, 8) and "tiny_cnn" in encoder_names()
+    assert [n for n, _ in stages(b)] == ["0", "1"]
+    with pytest.raises(ValueError, match="2-D backbone 'tiny_cnn' is registered twice"):
+        BACKBONES.register("tiny_cnn")(lambda cfg: None)

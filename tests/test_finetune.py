@@ -42,8 +42,20 @@ def test_stages_of_each_family(monkeypatch) -> None:
     assert [n for n, _ in vgg] == ["conv1", "conv2", "conv3", "conv4"]
     convs = [sum(isinstance(m, torch.nn.Conv2d) for m in s.modules()) for _, s in vgg]
     assert convs == [2, 2, 3, 3]  # conv4 ends at conv4_3's ReLU, before pool4
-    with pytest.raises(ConfigError, match="stages are not known"):
-        stages(build_backbone(EncoderConfig(name="timm:resnet18", weights="none")))
+    # timm models: timm's feature_info stages, found by running the network (on the meta device here)
+    assert names(EncoderConfig(name="timm:resnet18", weights="none")) == ["act1", "layer1", "layer2", "layer3",
+                                                                          "layer4"]
+    assert names(EncoderConfig(name="timm:resnet18", weights="none", layer="2")) == ["act1", "layer1", "layer2"]
+
+
+def test_a_backbone_registered_without_stages_cannot_be_fine_tuned(monkeypatch) -> None:
+    from captioning.features.backbones import BACKBONES
+    from captioning.registry import Entry
+
+    lite0 = BACKBONES.entry("efficientnet_lite0")
+    monkeypatch.setitem(BACKBONES._entries, "no_stages", Entry("no_stages", lite0.obj, {}))
+    with pytest.raises(ConfigError, match=r"encoder no_stages: its stages are not known.*register it with stages="):
+        stages(build_backbone(EncoderConfig(name="no_stages", weights="none", image_size=IMAGE_SIZE)))
 
 
 def test_unfreeze_last_trains_the_last_stages_but_not_batchnorm() -> None:

@@ -8,20 +8,30 @@ Registry keys (``EncoderConfig.name``):
   with TF's asymmetric "same" padding): in the symmetric-padding network an object's response in
   the grid sits ~0.6 cell below-right of the object, which is where attention then looks.
 - ``resnet50``, ``resnet101``, ``resnet152``, ``vgg16``: torchvision models.
-- ``timm:<model_name>``: any timm model (``forward_features`` or ``forward_intermediates``).
+- ``timm:<model_name>``: any timm model (``forward_features`` or ``forward_intermediates``), a
+  family rather than one entry.  Vision transformers (ViT, DeiT, EVA, CLIP image towers such as
+  ``vit_base_patch16_clip_224``) are built with ``dynamic_img_size`` for ``image_size``: their
+  tokens, prefix tokens (class, registers) dropped, are laid out as the patch grid
+  (H / patch, W / patch) from the model's patch embedding (448 px, patch 16: 28 x 28); a token
+  count that is not that grid is refused.  Normalisation and resize interpolation come from the
+  model's ``pretrained_cfg`` (CLIP's mean/std differ from ImageNet's).
 - ``r3d_18``, ``mc3_18``, ``r2plus1d_18``, ``s3d``: torchvision's spatio-temporal (3-D) video
   networks, run on a short clip centred on each sampled frame (``captioning.features.clips``);
   videos only.
 
+Adding a backbone is one function registered in ``BACKBONES`` (with the function that lists its
+stages for fine-tuning) plus its ``conf/encoder/<name>.yaml``.
+
 ``weights``: ``packaged`` | ``pretrained`` (torchvision/timm download, or their local cache) |
-``none`` (random init, seeded so every process builds the same network) | a local checkpoint
-path (a state dict, loaded with ``torch.load(weights_only=True)``).
+``none`` (random init, seeded so every process builds the same network; what the tests use, no
+download) | a local checkpoint path (a state dict, loaded with ``torch.load(weights_only=True)``).
 
 ``layer`` picks the stage the grid comes from (None: the last conv stage):
 torchvision ResNets ``layer1``..``layer4``; VGG16 ``conv3_3``, ``conv4_3``, ``conv5_3`` (default,
 the 14x14x512 grid of Show-Attend-Tell at 224 px) or ``pool5``; timm models ``features``
 (default, ``forward_features``) or an integer index into ``forward_intermediates``
-(EfficientNet-Lite0: ``-2`` is the stride-16 stage, 112 channels: 14x14 at 224 px).
+(EfficientNet-Lite0: ``-2`` is the stride-16 stage, 112 channels: 14x14 at 224 px; a ViT: the
+output of that transformer block, before the final norm).
 """
 
 from __future__ import annotations
@@ -29,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +48,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioning.data.video import BACKENDS as VIDEO_BACKENDS
 from captioning.errors import CheckpointError, ConfigError
+from captioning.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +77,7 @@ class EncoderConfig:
     short_video: str = "repeat"  # videos with fewer than K frames: repeat | pad
     video_features: str = "pooled"  # pooled: [K, C] per video | grid: [K*h*w, C] per video
     frame_size: int = 224  # video frames: resize shorter side + center crop to this size
-    video_backend: str = "auto"  # auto | decord | pyav
+    video_backend: str = "auto"  # auto (torchcodec, else decord, else PyAV) | torchcodec | decord | pyav
     clip_length: int = 16  # 3-D encoders: frames per clip, one clip centred on each sampled frame
     clip_stride: int = 1  # 3-D encoders: step between a clip's frames, in decoded frames
 
@@ -78,7 +89,7 @@ def validate_encoder_config(cfg: EncoderConfig, clip: bool = False) -> None:
         ("frame_strategy", cfg.frame_strategy, ("uniform", "fps", "all")),
         ("short_video", cfg.short_video, ("repeat", "pad")),
         ("video_features", cfg.video_features, ("pooled", "grid")),
-        ("video_backend", cfg.video_backend, ("auto", "decord", "pyav")),
+        ("video_backend", cfg.video_backend, VIDEO_BACKENDS),
     ]
     for key, value, allowed in checks:
         if value not in allowed:
@@ -198,22 +209,22 @@ class BuiltModel:
 
 
 Builder = Callable[[EncoderConfig], BuiltModel]
-_REGISTRY: dict[str, Builder] = {}
+StageLister = Callable[["Backbone"], list[tuple[str, nn.Module]]]
+# Each entry's metadata ``stages``: a function listing a built Backbone's stages, input first (what
+# fine-tuning unfreezes the last k of; ``stages`` below).  ``TIMM_FAMILY`` is the entry of every
+# ``timm:<model_name>``.  3-D clip encoders: ``captioning.features.clips.CLIP_BACKBONES``.
+BACKBONES: Registry[Builder] = Registry("2-D backbone", config_key="encoder.name")
+TIMM_FAMILY = "timm:<model_name>"
 
 
-def register_backbone(name: str) -> Callable[[Builder], Builder]:
-    """Decorator: make ``build_backbone(EncoderConfig(name=name))`` call the decorated builder."""
-
-    def deco(fn: Builder) -> Builder:
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
+def registry_key(name: str) -> str:
+    """The BACKBONES entry of ``encoder.name``: the name itself, or ``TIMM_FAMILY`` for ``timm:<name>``."""
+    return TIMM_FAMILY if name.startswith("timm:") else name
 
 
 def available_backbones() -> list[str]:
     """The 2-D registry keys (3-D clip encoders: ``captioning.features.encoders``)."""
-    return sorted(_REGISTRY) + ["timm:<model_name>"]
+    return BACKBONES.names()
 
 
 def _seeded_init(fn: Callable[[], nn.Module]) -> nn.Module:
@@ -225,20 +236,59 @@ def _seeded_init(fn: Callable[[], nn.Module]) -> nn.Module:
 # ----- timm
 
 
-def _timm_features(model: nn.Module, layer: str | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
+def _patch_embedding(model: nn.Module) -> nn.Module | None:
+    """A token model's patch embedding (timm's ``PatchEmbed``: a ViT's ``patch_embed``, MLP-Mixer's ``stem``)."""
+    return next((m for m in model.modules() if hasattr(m, "dynamic_feat_size") or hasattr(m, "strict_img_size")),
+                None)
+
+
+def patch_grid(model: nn.Module, size: tuple[int, int], embed: nn.Module | None = None) -> tuple[int, int]:
+    """(h, w) of a token model's patch grid for an input of ``size`` (H, W): from its patch
+    embedding (H // patch, W // patch; rounded up where it pads), else its last stride."""
+    embed = embed if embed is not None else _patch_embedding(model)
+    if embed is not None and hasattr(embed, "dynamic_feat_size"):
+        h, w = embed.dynamic_feat_size(size)
+        return int(h), int(w)
+    info = getattr(model, "feature_info", None) or [{}]
+    stride = int(info[-1].get("reduction") or 0)
+    if not stride:
+        raise ConfigError(f"this timm model ({type(model).__name__}) returns tokens but has no patch embedding "
+                          f"or stride to lay them out as a grid: use encoder.layer=<index> (forward_intermediates)")
+    return size[0] // stride, size[1] // stride
+
+
+def tokens_to_grid(tokens: torch.Tensor, prefix: int, grid: tuple[int, int], name: str) -> torch.Tensor:
+    """ViT tokens [B, prefix + h*w, C] (class/register tokens, then the patches row by row) -> [B, C, h, w]."""
+    b, n, c = tokens.shape
+    h, w = grid
+    if n - prefix != h * w:
+        raise ConfigError(
+            f"encoder.name={name}: its {n - prefix} tokens after {prefix} prefix tokens are not its {h}x{w} patch "
+            f"grid; use encoder.layer=<block index> (forward_intermediates returns the grid) or another model"
+        )
+    return tokens[:, prefix:].transpose(1, 2).reshape(b, c, h, w)
+
+
+def _check_input_size(embed: nn.Module | None, x: torch.Tensor, name: str) -> None:
+    """A model built for one input size only (no ``dynamic_img_size``) refuses others by name."""
+    fixed = tuple(getattr(embed, "img_size", None) or ())
+    if getattr(embed, "strict_img_size", False) and fixed and tuple(x.shape[-2:]) != fixed:
+        raise ConfigError(f"encoder.name={name} takes {fixed[0]}x{fixed[1]} px inputs only (it has no "
+                          f"dynamic_img_size): set encoder.image_size={fixed[0]} (encoder.frame_size for videos)")
+
+
+def _timm_features(model: nn.Module, layer: str | None,
+                   name: str) -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
+    embed = _patch_embedding(model)
     if layer in (None, "", "features", "last"):
         prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
         channels = int(getattr(model, "num_features", 0) or 0)
 
         def forward_features(x: torch.Tensor) -> torch.Tensor:
+            _check_input_size(embed, x, name)
             f = model.forward_features(x)
-            if f.ndim == 3:  # [B, tokens, C] (ViT-like): drop class/register tokens, make a grid
-                f = f[:, prefix:]
-                n = f.shape[1]
-                h = int(math.isqrt(n))
-                if h * h != n:
-                    raise ConfigError(f"cannot make a square grid from {n} tokens; pick another encoder.layer")
-                return f.transpose(1, 2).reshape(f.shape[0], f.shape[2], h, h)
+            if f.ndim == 3:  # [B, tokens, C] (ViT-like): the patch tokens laid out as the patch grid
+                return tokens_to_grid(f, prefix, patch_grid(model, (x.shape[-2], x.shape[-1]), embed), name)
             if f.ndim == 4 and channels and f.shape[1] != channels and f.shape[-1] == channels:
                 f = f.permute(0, 3, 1, 2)  # NHWC models (e.g. Swin)
             return f
@@ -255,12 +305,15 @@ def _timm_features(model: nn.Module, layer: str | None) -> tuple[Callable[[torch
         raise ConfigError("this timm model has no forward_intermediates: use encoder.layer=features")
 
     def intermediate(x: torch.Tensor) -> torch.Tensor:
+        _check_input_size(embed, x, name)
         return model.forward_intermediates(x, indices=[index], intermediates_only=True, stop_early=True)[0]
 
     return intermediate, str(index)
 
 
 def _timm_meta(model: nn.Module) -> tuple[tuple[float, float, float], tuple[float, float, float], str]:
+    """Normalisation and resize interpolation of the model's weights (its ``pretrained_cfg``: the
+    default tag's, also for random init; e.g. OpenAI CLIP's mean/std for ``*_clip_*`` models)."""
     cfg = getattr(model, "pretrained_cfg", None) or {}
     mean = tuple(float(v) for v in cfg.get("mean", IMAGENET_MEAN))
     std = tuple(float(v) for v in cfg.get("std", IMAGENET_STD))
@@ -270,12 +323,29 @@ def _timm_meta(model: nn.Module) -> tuple[tuple[float, float, float], tuple[floa
     return mean, std, interp  # type: ignore[return-value]
 
 
+def _create_timm(arch: str, pretrained: bool, size: int) -> nn.Module:
+    """``timm.create_model``.  Models that take ``dynamic_img_size`` (the ViT family) get it with
+    ``img_size=size``: position embeddings for the ``size`` patch grid (resampled from the weights'
+    grid when pretrained), resampled again on the fly for other input sizes (video frames)."""
+    import timm  # start-up time: timm's model zoo is imported only when a timm model is built
+
+    def create(**kw: Any) -> nn.Module:
+        if pretrained:
+            return timm.create_model(arch, pretrained=True, **kw)
+        return _seeded_init(lambda: timm.create_model(arch, pretrained=False, **kw))
+
+    try:
+        return create(dynamic_img_size=True, img_size=size)
+    except TypeError as e:  # a model without these keywords (CNNs): its __init__ refuses them
+        if "img_size" not in str(e):
+            raise
+    return create()
+
+
 def _build_timm(cfg: EncoderConfig, arch: str, packaged_ok: bool = False,
                 state: dict[str, torch.Tensor] | None = None) -> BuiltModel:
     """timm ``arch`` with ``cfg.weights``; ``state``: the weights file's state dict when the caller
     has read it already."""
-    import timm
-
     w = cfg.weights
     if w == "packaged" and not packaged_ok:
         raise ConfigError(
@@ -285,7 +355,7 @@ def _build_timm(cfg: EncoderConfig, arch: str, packaged_ok: bool = False,
     try:
         if w == "pretrained":
             try:
-                model = timm.create_model(arch, pretrained=True)
+                model = _create_timm(arch, True, cfg.image_size)
             except (RuntimeError, OSError, ValueError) as e:
                 if "Unknown model" in str(e):
                     raise
@@ -293,7 +363,7 @@ def _build_timm(cfg: EncoderConfig, arch: str, packaged_ok: bool = False,
             pcfg = getattr(model, "pretrained_cfg", {}) or {}
             weights_id = f"timm:{pcfg.get('hf_hub_id') or pcfg.get('architecture', arch)}.{pcfg.get('tag', '')}"
         else:
-            model = _seeded_init(lambda: timm.create_model(arch, pretrained=False))
+            model = _create_timm(arch, False, cfg.image_size)
             weights_id = "none"
     except RuntimeError as e:
         if "Unknown model" in str(e):
@@ -314,9 +384,64 @@ def _build_timm(cfg: EncoderConfig, arch: str, packaged_ok: bool = False,
         _load_into(model, state, w)
         weights_id = f"file:{Path(w).name}:sha256={file_sha256(w)}"
     model.eval()
-    features, layer = _timm_features(model, cfg.layer)
+    features, layer = _timm_features(model, cfg.layer, cfg.name)
     mean, std, interp = _timm_meta(model)
     return BuiltModel(model, features, layer, weights_id, mean, std, interp)
+
+
+def _timm_stages(backbone: Backbone) -> list[tuple[str, nn.Module]]:
+    """A timm model's stages, found by running it once: the modules with weights that its grid
+    passes through, in the order they run, cut after each ``feature_info`` module (timm's own
+    stage list: a ViT's ``blocks.i``, a ResNet's ``act1``, ``layer1`` ..); the ones that run after the
+    last of them (a ViT's final ``norm``, EfficientNet's ``conv_head`` + ``bn2``) are one more stage,
+    ``head`` (or that module's name when it is one).  The model's own parameters (a ViT's class
+    token and position embedding) belong to the first stage.  An intermediate ``layer`` stops at its
+    stage.  Modules that do not run (classifier heads, pooling) belong to none."""
+    net = backbone.classifier
+    ends = {str(f["module"]): k for k, f in enumerate(getattr(net, "feature_info", None) or [])}
+    if not ends:
+        return []
+    groups: dict[int, list[nn.Module]] = {}
+    pending: list[tuple[str, nn.Module]] = []
+    seen: set[int] = set()
+    modules = dict(net.named_modules())
+
+    def ran(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, *_: Any) -> None:
+            if id(module) not in seen and any(True for _ in module.parameters(recurse=False)):
+                seen.add(id(module))
+                pending.append((name, module))
+            if name in ends:  # a stage ends (forward hooks fire after the children's)
+                groups.setdefault(ends[name], []).extend(m for _, m in pending)
+                pending.clear()
+        return hook
+
+    handles = [m.register_forward_hook(ran(n)) for n, m in modules.items() if n]
+    try:
+        p = next(net.parameters())
+        size = backbone.cfg.image_size
+        with torch.no_grad():
+            backbone._features(torch.zeros(1, 3, size, size, device=p.device, dtype=p.dtype))
+    finally:
+        for h in handles:
+            h.remove()
+    names = {k: n for n, k in ends.items()}
+    found = [(names[k], nn.ModuleList(groups[k])) for k in sorted(groups)]
+    own = [p for _, p in net.named_parameters(recurse=False)]
+    if found and own:
+        found[0][1].append(_ParameterHolder(own))
+    if pending:
+        found.append((pending[0][0] if len(pending) == 1 else "head", nn.ModuleList(m for _, m in pending)))
+    return found
+
+
+class _ParameterHolder(nn.Module):
+    """A stage's view of parameters that belong to no submodule (a ViT's class token, position embedding)."""
+
+    def __init__(self, params: Sequence[nn.Parameter]) -> None:
+        super().__init__()
+        for i, p in enumerate(params):
+            self.register_parameter(f"p{i}", p)
 
 
 def _lukemelas_keys(state: dict[str, torch.Tensor]) -> bool:
@@ -324,7 +449,19 @@ def _lukemelas_keys(state: dict[str, torch.Tensor]) -> bool:
     return next(iter(state), "").startswith("_conv_stem")
 
 
-@register_backbone("efficientnet_lite0")
+def _efficientnet_stages(backbone: Backbone) -> list[tuple[str, nn.Module]]:
+    """timm EfficientNet: ``stem`` (conv_stem, bn1), ``blocks.0`` .. ``blocks.6``, ``head`` (conv_head,
+    bn2), up to ``layer`` (an intermediate index stops at its block)."""
+    net = backbone.classifier
+    blocks = [(f"blocks.{i}", b) for i, b in enumerate(net.blocks)]
+    stem = ("stem", nn.ModuleList([net.conv_stem, net.bn1]))
+    if backbone.layer == "features":
+        return [stem, *blocks, ("head", nn.ModuleList([net.conv_head, net.bn2]))]
+    ends = list(net.stage_ends)  # forward_intermediates' index i ends after block ends[i] - 1
+    return [stem, *blocks[: ends[int(backbone.layer)]]]
+
+
+@BACKBONES.register("efficientnet_lite0", stages=_efficientnet_stages)
 def _efficientnet_lite0(cfg: EncoderConfig) -> BuiltModel:
     """timm ``efficientnet_lite0`` (its own weights: ``pretrained``, ``none``) or, for the TF-ported
     ``packaged`` weights mapped by position, timm ``tf_efficientnet_lite0``: the same tensors, TF's
@@ -384,6 +521,11 @@ def _sequential_upto(stages: list[tuple[str, nn.Module]], layer: str, name: str)
     return nn.Sequential(*[m for _, m in stages[:upto]])
 
 
+def _resnet_stages(backbone: Backbone) -> list[tuple[str, nn.Module]]:
+    """torchvision ResNet: ``stem`` (conv1, bn1), ``layer1`` .. ``layer4``, up to ``layer``."""
+    return list(zip(["stem", "layer1", "layer2", "layer3", "layer4"], backbone._features.children(), strict=False))
+
+
 def _resnet(cfg: EncoderConfig, arch: str) -> BuiltModel:
     model, weights_id, t = _build_torchvision(cfg, arch)
     stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
@@ -395,22 +537,36 @@ def _resnet(cfg: EncoderConfig, arch: str) -> BuiltModel:
     return BuiltModel(model, trunk, layer, weights_id, mean, std, interp)
 
 
-@register_backbone("resnet50")
+@BACKBONES.register("resnet50", stages=_resnet_stages)
 def _resnet50(cfg: EncoderConfig) -> BuiltModel:
     return _resnet(cfg, "resnet50")
 
 
-@register_backbone("resnet101")
+@BACKBONES.register("resnet101", stages=_resnet_stages)
 def _resnet101(cfg: EncoderConfig) -> BuiltModel:
     return _resnet(cfg, "resnet101")
 
 
-@register_backbone("resnet152")
+@BACKBONES.register("resnet152", stages=_resnet_stages)
 def _resnet152(cfg: EncoderConfig) -> BuiltModel:
     return _resnet(cfg, "resnet152")
 
 
-@register_backbone("vgg16")
+def _vgg_stages(backbone: Backbone) -> list[tuple[str, nn.Module]]:
+    """VGG16: the conv blocks between the max-pools, ``conv1`` .. ``conv5``, up to ``layer``."""
+    out: list[tuple[str, nn.Module]] = []
+    block: list[nn.Module] = []
+    for m in backbone._features.children():  # features[:cut]: split after each pool
+        block.append(m)
+        if isinstance(m, nn.MaxPool2d):
+            out.append((f"conv{len(out) + 1}", nn.Sequential(*block)))
+            block = []
+    if any(isinstance(m, nn.Conv2d) for m in block):
+        out.append((f"conv{len(out) + 1}", nn.Sequential(*block)))
+    return out
+
+
+@BACKBONES.register("vgg16", stages=_vgg_stages)
 def _vgg16(cfg: EncoderConfig) -> BuiltModel:
     """VGG16 (no BN): ``conv5_3`` is the ReLU output before the last max-pool (14x14 at 224 px)."""
     model, weights_id, t = _build_torchvision(cfg, "vgg16")
@@ -423,6 +579,15 @@ def _vgg16(cfg: EncoderConfig) -> BuiltModel:
     trunk = nn.Sequential(*list(feats.children())[: cut[layer]])
     mean, std, interp = _transform_meta(t)
     return BuiltModel(model, trunk, layer, weights_id, mean, std, interp)
+
+
+@BACKBONES.register(TIMM_FAMILY, stages=_timm_stages)
+def _timm_model(cfg: EncoderConfig) -> BuiltModel:
+    """``timm:<model_name>``: any timm model (see the module docstring)."""
+    arch = cfg.name.split(":", 1)[1]
+    if not arch:
+        raise ConfigError("encoder.name=timm:<model_name> needs a model name, e.g. timm:resnet18")
+    return _build_timm(cfg, arch)
 
 
 # ---------------------------------------------------------------------------- preprocessing
@@ -546,20 +711,10 @@ class Backbone(nn.Module):
 
 
 def build_backbone(cfg: EncoderConfig) -> Backbone:
-    """The 2-D Backbone of ``cfg.name`` (a registry key or ``timm:<model_name>``) with
+    """The 2-D Backbone of ``cfg.name`` (a ``BACKBONES`` key or ``timm:<model_name>``) with
     ``cfg.weights``; any encoder, 3-D included: ``captioning.features.encoders.build_encoder``."""
     validate_encoder_config(cfg)
-    if cfg.name.startswith("timm:"):
-        arch = cfg.name.split(":", 1)[1]
-        if not arch:
-            raise ConfigError("encoder.name=timm:<model_name> needs a model name, e.g. timm:resnet18")
-        built = _build_timm(cfg, arch)
-    elif cfg.name in _REGISTRY:
-        built = _REGISTRY[cfg.name](cfg)
-    else:
-        raise ConfigError(
-            f"encoder.name={cfg.name!r} is not a known backbone: use one of {', '.join(available_backbones())}"
-        )
+    built = BACKBONES.get(registry_key(cfg.name))(cfg)
     log.info("backbone %s weights=%s layer=%s", cfg.name, built.weights_id, built.layer)
     return Backbone(cfg, built)
 
@@ -568,39 +723,20 @@ def build_backbone(cfg: EncoderConfig) -> Backbone:
 
 
 def stages(backbone: Backbone) -> list[tuple[str, nn.Module]]:
-    """The stages of ``backbone``'s network that its feature grid passes through, input first.
+    """The stages of ``backbone``'s network that its feature grid passes through, input first: what
+    end-to-end fine-tuning counts when it unfreezes "the last k blocks" (``captioning.train.finetune``).
 
-    What end-to-end fine-tuning counts when it unfreezes "the last k blocks" (``captioning.train.finetune``):
-    timm EfficientNet: ``stem`` (conv_stem, bn1), ``blocks.0`` .. ``blocks.6``, ``head`` (conv_head,
-    bn2), up to ``layer`` (an intermediate index stops at its block); torchvision ResNet: ``stem``
-    (conv1, bn1), ``layer1`` .. ``layer4``, up to ``layer``; VGG16: the conv blocks between the
-    max-pools, ``conv1`` .. ``conv5``, up to ``layer``.  Other networks: ConfigError.
+    Listed by the function its ``BACKBONES`` entry registers as ``stages``: EfficientNet-Lite0
+    ``stem``, ``blocks.0`` .. ``blocks.6``, ``head``; torchvision ResNets ``stem``, ``layer1`` ..
+    ``layer4``; VGG16 ``conv1`` .. ``conv5``; timm models their ``feature_info`` stages (a ViT: the
+    transformer blocks ``blocks.0`` .. ``blocks.{n-1}`` and its final ``norm``), each up to ``layer``.
+    A backbone registered without one, or whose lister finds none: ConfigError.
     """
-    from torchvision.models import VGG, ResNet
-
-    net = backbone.classifier
-    if type(net).__name__ == "EfficientNet" and type(net).__module__.startswith("timm."):
-        blocks = [(f"blocks.{i}", b) for i, b in enumerate(net.blocks)]
-        stem = ("stem", nn.ModuleList([net.conv_stem, net.bn1]))
-        if backbone.layer == "features":
-            return [stem, *blocks, ("head", nn.ModuleList([net.conv_head, net.bn2]))]
-        ends = list(net.stage_ends)  # forward_intermediates' index i ends after block ends[i] - 1
-        return [stem, *blocks[: ends[int(backbone.layer)]]]
-    trunk = backbone._features
-    if isinstance(net, ResNet) and isinstance(trunk, nn.Sequential):  # [stem, layer1, ..] up to `layer`
-        return list(zip(["stem", "layer1", "layer2", "layer3", "layer4"], trunk.children(), strict=False))
-    if isinstance(net, VGG) and isinstance(trunk, nn.Sequential):  # features[:cut]: split after each pool
-        out: list[tuple[str, nn.Module]] = []
-        block: list[nn.Module] = []
-        for m in trunk.children():
-            block.append(m)
-            if isinstance(m, nn.MaxPool2d):
-                out.append((f"conv{len(out) + 1}", nn.Sequential(*block)))
-                block = []
-        if any(isinstance(m, nn.Conv2d) for m in block):
-            out.append((f"conv{len(out) + 1}", nn.Sequential(*block)))
-        return out
-    raise ConfigError(
-        f"encoder {backbone.cfg.name}: its stages are not known, so its last blocks cannot be fine-tuned; "
-        f"use efficientnet_lite0, resnet50/101/152 or vgg16 (or finetune.enabled=false)"
-    )
+    lister = BACKBONES.entry(registry_key(backbone.cfg.name)).meta.get("stages")
+    found = lister(backbone) if lister is not None else []
+    if not found:
+        raise ConfigError(
+            f"encoder {backbone.cfg.name}: its stages are not known, so its last blocks cannot be fine-tuned; "
+            f"register it with stages=<function listing them> (or set finetune.enabled=false)"
+        )
+    return found

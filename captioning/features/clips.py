@@ -24,8 +24,8 @@ Decoding: the K clips of a video overlap (and repeat edge frames), so the union 
 they need is decoded once (``clip_union``) and resized/cropped once; the clips are gathered
 from that union on the device.
 
-Registry keys (torchvision's Kinetics-400 video networks; add more with
-``@register_clip_backbone``): ``r3d_18``, ``mc3_18``, ``r2plus1d_18`` (112 px clips; ``layer``
+Registry keys (``CLIP_BACKBONES``: torchvision's Kinetics-400 video networks; add one with
+``@CLIP_BACKBONES.register(name)`` and its ``conf/encoder/<name>.yaml``): ``r3d_18``, ``mc3_18``, ``r2plus1d_18`` (112 px clips; ``layer``
 ``stem``, ``layer1`` .. ``layer4`` (default), 512 channels) and ``s3d`` (224 px; ``features``,
 1024 channels).  Normalisation (Kinetics mean/std) and the resize/crop ratio (128 -> 112,
 256 -> 224) come from torchvision's weight transforms; the shorter side is resized (aspect
@@ -61,6 +61,7 @@ from captioning.features.backbones import (
     load_state_dict_file,
     validate_encoder_config,
 )
+from captioning.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -99,21 +100,11 @@ class BuiltClipModel(BuiltModel):
 
 
 ClipBuilder = Callable[[EncoderConfig], BuiltClipModel]
-_CLIP_REGISTRY: dict[str, ClipBuilder] = {}
-
-
-def register_clip_backbone(name: str) -> Callable[[ClipBuilder], ClipBuilder]:
-    """Decorator: make ``build_backbone(EncoderConfig(name=name))`` build a ``ClipBackbone``."""
-
-    def deco(fn: ClipBuilder) -> ClipBuilder:
-        _CLIP_REGISTRY[name] = fn
-        return fn
-
-    return deco
+CLIP_BACKBONES: Registry[ClipBuilder] = Registry("3-D encoder", config_key="encoder.name")
 
 
 def available_clip_backbones() -> list[str]:
-    return sorted(_CLIP_REGISTRY)
+    return CLIP_BACKBONES.names()
 
 
 def _check_architecture(state: dict[str, torch.Tensor], model: nn.Module, path: str, name: str) -> None:
@@ -188,25 +179,25 @@ def _video_resnet(cfg: EncoderConfig, arch: str) -> BuiltClipModel:
     return _built(model, trunk, layer, weights_id, t)
 
 
-@register_clip_backbone("r3d_18")
+@CLIP_BACKBONES.register("r3d_18")
 def _r3d_18(cfg: EncoderConfig) -> BuiltClipModel:
     """ResNet3D-18 (Tran et al. 2018): full 3x3x3 convolutions."""
     return _video_resnet(cfg, "r3d_18")
 
 
-@register_clip_backbone("mc3_18")
+@CLIP_BACKBONES.register("mc3_18")
 def _mc3_18(cfg: EncoderConfig) -> BuiltClipModel:
     """Mixed convolutions: 3-D in the stem and layer1, 2-D (1x3x3) after (no temporal downsampling)."""
     return _video_resnet(cfg, "mc3_18")
 
 
-@register_clip_backbone("r2plus1d_18")
+@CLIP_BACKBONES.register("r2plus1d_18")
 def _r2plus1d_18(cfg: EncoderConfig) -> BuiltClipModel:
     """R(2+1)D-18: every 3x3x3 convolution factorised into 1x3x3 spatial then 3x1x1 temporal."""
     return _video_resnet(cfg, "r2plus1d_18")
 
 
-@register_clip_backbone("s3d")
+@CLIP_BACKBONES.register("s3d")
 def _s3d(cfg: EncoderConfig) -> BuiltClipModel:
     """S3D (Xie et al. 2018): separable 3-D Inception; ``features`` -> 1024 channels (stride 8 x 32 x 32)."""
     model, weights_id, t = _torchvision_video(cfg, "s3d")
@@ -289,11 +280,9 @@ class ClipBackbone(Backbone):
 
 def build_clip_backbone(cfg: EncoderConfig) -> ClipBackbone:
     """The ``ClipBackbone`` of registry key ``cfg.name`` with ``cfg.weights`` (see the module docstring)."""
-    if cfg.name not in _CLIP_REGISTRY:
-        raise ConfigError(f"encoder.name={cfg.name!r} is not a 3-D encoder: use one of "
-                          f"{', '.join(available_clip_backbones())}")
+    builder = CLIP_BACKBONES.get(cfg.name)
     validate_encoder_config(cfg, clip=True)
-    built = _CLIP_REGISTRY[cfg.name](cfg)
+    built = builder(cfg)
     log.info("clip backbone %s weights=%s layer=%s clip=%dx%d", cfg.name, built.weights_id, built.layer,
              cfg.clip_length, cfg.clip_stride)
     return ClipBackbone(cfg, built)

@@ -14,7 +14,8 @@ store's meta, same weights, checked) and turns its grid into the [h*w, C] annota
 store would hold; the parent ``CaptioningModule`` takes it from there (loss, validation by
 decoding, checkpoints, AMP and DDP as Lightning gives them).  Of the encoder, only the last
 ``finetune.blocks`` stages (``captioning.features.backbones.stages``: EfficientNet blocks,
-ResNet layers, VGG conv blocks) train, with their own learning rate ``finetune.encoder_lr`` on the
+ResNet layers, VGG conv blocks, timm models' feature stages, a ViT's transformer blocks and final
+norm) train, with their own learning rate ``finetune.encoder_lr`` on the
 decoder's schedule; BatchNorm layers keep their ImageNet statistics and affine parameters
 (eval mode, frozen: caption batches are small and their statistics noisy).
 
