@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,11 +76,21 @@ def run_name(paths: list[str]) -> str:
 
 
 def evaluate(cfg: EvaluateConfig) -> dict | None:
-    """Decode, gather, score, report.  Returns the summary on rank 0 (None on other ranks)."""
+    """Decode, gather, score, report.  Returns the summary on rank 0 (None on other ranks); its
+    ``seconds`` say where the time went (set-up, decode, score and each metric, write, report)."""
     import numpy as np
     import pytorch_lightning as pl
     from torch.utils.data import DataLoader
 
+
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(step: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[step] = seconds.get(step, 0.0) + now - clock
+        clock = now
 
     paths = checkpoint_paths(cfg.ckpt_path)
     hp = load_checkpoint(paths[0])["hyper_parameters"]
@@ -104,6 +115,7 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
                         num_workers=cfg.num_workers, collate_fn=collate)
     trainer = pl.Trainer(**cfg.trainer.kwargs(logger=False, callbacks=[], enable_checkpointing=False,
                                               enable_model_summary=False))
+    lap("setup")  # checkpoint, store, annotations, references tokenized
     outputs = trainer.predict(model, loader) or []
     local = [p for batch in outputs for p in batch]
     predictions: dict[int, dict] = {}
@@ -125,8 +137,11 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     if "meteor" in metric_names and shutil.which("java") is None:
         log.warning("METEOR needs Java (the toolkit's jar): not found on PATH, METEOR skipped")
         metric_names.remove("meteor")
+    lap("decode")  # incl. gathering the ranks' predictions
     result = compute_metrics(refs, hyps, metrics=tuple(metric_names), tokenize=False)
     scores = {k: float(v) for k, v in result.scores.items()}
+    lap("score")
+    seconds.update({f"score/{k}": v for k, v in result.seconds.items()})
 
     results = [{id_key: items.records[i].source_id, "caption": hyps[i]} for i in order]
     atomic_write_json(out / "results.json", results)
@@ -151,6 +166,7 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
                                             cfg.server_alg or run_name(paths))
         log.info("%s server file: %s (zipped: %s)", cfg.server, server_file, out / "results.zip")
 
+    lap("write")  # results, metrics, predictions (with attention) files
     grounding = structure = None
     gfile = None
     if cfg.grounding and data_cfg.grounding and Path(data_cfg.grounding).is_file():
@@ -182,8 +198,10 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
             "decode": vars(cfg.decode), "data": data_cfg.name, "model": run_tag(train_cfg["model"]),
             "bleu_stats": getattr(result, "bleu_stats", None)}
     write_report(out, scores, by_length, vocab_use, grounding, meta, structure=structure)
+    lap("report")  # grounding, structure, metrics by length, vocabulary usage, report files
+    log.info("evaluation seconds: %s", ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
     summary = {"output_dir": str(out), "metrics": scores, "grounding": grounding, "structure": structure,
-               "items": len(order)}
+               "items": len(order), "seconds": {k: round(v, 3) for k, v in seconds.items()}}
     print_table(scores, grounding, out, structure)
     return summary
 

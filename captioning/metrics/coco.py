@@ -29,6 +29,7 @@ import math
 import shutil
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -530,11 +531,13 @@ def _meteor_failure(proc: subprocess.Popen, err_thread: threading.Thread, chunks
 
 @dataclass
 class MetricResult:
-    """Corpus scores (the toolkit's keys), per-item scores and BLEU statistics."""
+    """Corpus scores (the toolkit's keys), per-item scores, BLEU statistics and the seconds each
+    step took (``tokenize``, ``ngrams``: the n-gram table BLEU and CIDEr-D share, then each metric)."""
 
     scores: dict[str, float]
     per_item: dict[Hashable, dict[str, float]] = field(default_factory=dict)
     bleu_stats: dict[str, Any] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def compute_metrics(
@@ -554,6 +557,8 @@ def compute_metrics(
     if unknown:
         raise MetricError(f"unknown metric {unknown[0]!r}: choose from {', '.join(METRICS)}")
     tok = ptb_tokenize if tokenize else str.split
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
     keys = list(hypotheses)
     hyps: list[list[str]] = []
     refs: list[list[list[str]]] = []
@@ -576,10 +581,13 @@ def compute_metrics(
     per: dict[str, list[float]] = {}
     stats = None
     need_counts = "bleu" in metrics or "cider" in metrics
+    seconds["tokenize"] = time.perf_counter() - clock
     table = NgramTable(hyps, refs) if need_counts and hyps else None
+    seconds["ngrams"] = time.perf_counter() - clock - seconds["tokenize"]
     for m in ("bleu", "meteor", "rouge", "cider"):
         if m not in metrics:
             continue
+        clock = time.perf_counter()
         if m == "bleu":
             res = bleu(hyps, refs, table=table)
             for k, name in enumerate(METRICS["bleu"]):
@@ -593,8 +601,10 @@ def compute_metrics(
             name = METRICS[m][0]
             scores[name] = corpus
             per[name] = items
+        seconds[m] = time.perf_counter() - clock
     per_item = {k: {name: float(v[i]) for name, v in per.items()} for i, k in enumerate(keys)}
-    return MetricResult(scores={k: float(v) for k, v in scores.items()}, per_item=per_item, bleu_stats=stats)
+    return MetricResult(scores={k: float(v) for k, v in scores.items()}, per_item=per_item, bleu_stats=stats,
+                        seconds=seconds)
 
 
 def _unique(a: np.ndarray) -> np.ndarray:
