@@ -4,8 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
-# The CPU-usable torch pair this project is tested with (any torch>=2.1 works).
-TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
+# The CPU-usable torch pair this project is tested with (any torch>=2.1 works), and the torchcodec
+# built for that torch (torchcodec releases follow torch's; it needs FFmpeg's libraries: .ci/run).
+TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1 torchcodec==0.17.0
 
 .PHONY: install demo test test-fast reproduce reproduce-quick reproduce-grounding reproduce-order lint bench gpu-wheels gpu-check clean data strip-notebooks
 

@@ -1,4 +1,6 @@
-"""Frame sampling (hand-computed indices) and decoding with decord / PyAV on generated videos.
+"""Frame sampling (hand-computed indices) and decoding with every installed backend (torchcodec,
+decord, PyAV, and ``auto``) on generated videos; a backend that is not installed is skipped with
+the reason.
 
 Every generated video's frame i is a flat grey of level ``20 + 18 * i``, so the mean of a decoded
 frame tells which frame it is.
@@ -17,8 +19,17 @@ from captioning.data.video import VideoInfo, read_frames, sample_frame_indices, 
 from captioning.errors import ConfigError, DataError
 
 av = pytest.importorskip("av")
-HAS_DECORD = video_mod._decord() is not None
-BACKENDS = ["pyav", "auto"] + (["decord"] if HAS_DECORD else [])
+
+
+def backend_params(names: tuple[str, ...] = video_mod.BACKENDS) -> list:
+    """``names`` as pytest params; a backend this process cannot decode with is skipped with the reason."""
+    return [pytest.param(b, id=b, marks=pytest.mark.skipif(b != "auto" and video_mod.unavailable(b) is not None,
+                                                           reason=str(video_mod.unavailable(b))))
+            for b in names]
+
+
+BACKENDS = backend_params()  # auto, torchcodec, decord, pyav
+SEEKING = backend_params(video_mod.SEEKING)  # torchcodec, decord: random access by frame index
 SIZE = (64, 48)  # W, H
 
 
@@ -132,22 +143,20 @@ CONTAINERS = [
 ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("ext", "codec", "fmt"), CONTAINERS, ids=[f"{e}-{c}" for e, c, _ in CONTAINERS])
-def test_containers_and_backends_agree(tmp_path: Path, ext: str, codec: str, fmt: str | None) -> None:
+def test_containers_and_backends_agree(tmp_path: Path, ext: str, codec: str, fmt: str | None, backend: str) -> None:
+    """Each backend: the frame count, rate and size, the frames asked for (any order, repeats) and
+    the pixels of PyAV's decoding of them, within 8 grey levels (0 measured: the same FFmpeg code)."""
     if not has_encoder(codec):
         pytest.skip(f"PyAV has no {codec} encoder here")
     p = write_video(tmp_path / f"clip.{ext}", codec, n=12, fps=10, fmt=fmt)
-    infos = {b: video_info(p, backend=b) for b in BACKENDS}
-    for info in infos.values():
-        assert info == VideoInfo(num_frames=12, fps=pytest.approx(10.0), width=64, height=48)
+    assert video_info(p, backend=backend) == VideoInfo(num_frames=12, fps=pytest.approx(10.0), width=64, height=48)
     wanted = [7, 0, 3, 3, 11]
-    frames = {b: read_frames(p, wanted, backend=b) for b in BACKENDS}
-    for b, f in frames.items():
-        assert f.shape == (5, 48, 64, 3) and f.dtype == np.uint8, b
-        assert frame_ids(f) == wanted, b
-    ref = frames["pyav"].astype(int)
-    for f in frames.values():
-        assert np.abs(f.astype(int) - ref).max() <= 8
+    f = read_frames(p, wanted, backend=backend)
+    assert f.shape == (5, 48, 64, 3) and f.dtype == np.uint8
+    assert frame_ids(f) == wanted
+    assert np.abs(f.astype(int) - read_frames(p, wanted, backend="pyav").astype(int)).max() <= 8
 
 
 MPEG_STREAMS = [  # (file name, codec, container format): program streams (.mpg/.vob) and transport streams
@@ -159,31 +168,33 @@ MPEG_STREAMS = [  # (file name, codec, container format): program streams (.mpg/
 ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("name", "codec", "fmt"), MPEG_STREAMS, ids=[m[0] for m in MPEG_STREAMS])
-def test_mpeg_streams_are_read_by_pyav_never_decord(tmp_path: Path, name: str, codec: str, fmt: str | None) -> None:
-    """decord's seek in an MPEG program stream returns frame 0 for every index (silently), and it
-    cannot open transport streams: ``auto`` reads them with PyAV, ``decord`` refuses them by name."""
+def test_mpeg_streams_are_read_by_pyav_never_by_a_seeking_backend(tmp_path: Path, name: str, codec: str,
+                                                                   fmt: str | None, backend: str) -> None:
+    """Seeking in an MPEG program stream returns wrong frames (decord: frame 0 for every index,
+    torchcodec: the frame before) and transport streams fail in both: ``auto`` reads them with
+    PyAV, ``decord`` and ``torchcodec`` refuse them by name."""
     p = write_video(tmp_path / name, codec, n=12, fps=25, fmt=fmt)
     wanted = [9, 2, 6, 6, 11]
-    for backend in ("auto", "pyav"):
-        assert video_info(p, backend=backend).num_frames == 12
-        assert frame_ids(read_frames(p, wanted, backend=backend)) == wanted, backend
-    if HAS_DECORD:
-        for call in (lambda: video_info(p, backend="decord"), lambda: read_frames(p, wanted, backend="decord")):
+    if backend in video_mod.SEEKING:
+        for call in (lambda: video_info(p, backend=backend), lambda: read_frames(p, wanted, backend=backend)):
             with pytest.raises(DataError, match=rf"{p.name.replace('.', r'[.]')} is an MPEG program/transport "
-                                                r"stream.*use backend=pyav or auto"):
+                                                rf"stream, in which {backend} cannot seek.*use backend=pyav or auto"):
                 call()
+        return
+    assert video_info(p, backend=backend).num_frames == 12
+    assert frame_ids(read_frames(p, wanted, backend=backend)) == wanted
 
 
-def test_variable_frame_rate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_variable_frame_rate(tmp_path: Path, backend: str) -> None:
     p = write_video(tmp_path / "vfr.mp4", vfr_ms=[40, 100, 20, 200], n=12)
     with av.open(str(p)) as c:  # really variable: the frame gaps differ
         pts = [f.pts for f in c.decode(video=0)]
     assert len(set(np.diff(pts))) > 1
-    for b in BACKENDS:
-        assert video_info(p, backend=b).num_frames == 12
-        f = read_frames(p, list(range(12)), backend=b)
-        assert frame_ids(f) == list(range(12)), b
+    assert video_info(p, backend=backend).num_frames == 12
+    assert frame_ids(read_frames(p, list(range(12)), backend=backend)) == list(range(12))
 
 
 def test_short_video_end_to_end(tmp_path: Path) -> None:
@@ -244,39 +255,87 @@ def test_bad_videos_raise_data_error_naming_the_file(tmp_path: Path, kind: str, 
     for call in (lambda: video_info(p, backend=backend), lambda: read_frames(p, [0], backend=backend)):
         with pytest.raises(DataError, match=p.name.replace(".", r"\.")):
             call()
-    if kind == "audio" and backend != "decord":
+    if kind == "audio" and backend not in video_mod.SEEKING:  # PyAV's words (auto ends with PyAV)
         with pytest.raises(DataError, match="no video stream"):
             video_info(p, backend=backend)
 
 
-def test_auto_falls_back_to_pyav_when_decord_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+READERS = {"torchcodec": "_torchcodec_decoder", "decord": "_decord_reader"}  # a seeking backend's file opener
+
+
+@pytest.mark.parametrize("backend", SEEKING)
+def test_auto_falls_back_when_a_backend_fails_or_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            backend: str) -> None:
+    """A backend that cannot read a file hands it to the next one (auto) or names itself (chosen
+    explicitly); one that is not installed is left out of auto and refused by name."""
     p = write_video(tmp_path / "a.mp4", n=6)
+    if backend == "decord":  # auto's first choice, for this test
+        monkeypatch.setattr(video_mod, "_torchcodec", lambda: (None, "torchcodec hidden by the test"))
+    assert video_mod.resolve_backend("auto") == backend
 
     def broken(path: Path) -> None:
-        raise RuntimeError("decord exploded")
+        raise RuntimeError(f"{backend} exploded")
 
-    monkeypatch.setattr(video_mod, "_decord_reader", broken)
+    monkeypatch.setattr(video_mod, READERS[backend], broken)
     assert video_info(p, backend="auto").num_frames == 6
     assert frame_ids(read_frames(p, [5, 1], backend="auto")) == [5, 1]
-    if HAS_DECORD:
-        with pytest.raises(DataError, match=r"a\.mp4.*decord"):
-            read_frames(p, [0], backend="decord")
-    monkeypatch.setattr(video_mod, "_decord", lambda: None)  # decord not installed
+    with pytest.raises(DataError, match=rf"cannot decode video .*a\.mp4 with {backend} \(RuntimeError: {backend} "
+                                        r"exploded\); try backend=pyav"):
+        read_frames(p, [0], backend=backend)
+    missing = {"torchcodec": ("_torchcodec", lambda: (None, "torchcodec is not installed: pip install torchcodec")),
+               "decord": ("_decord", lambda: None)}[backend]
+    monkeypatch.setattr(video_mod, *missing)
+    assert backend not in video_mod.installed_backends() and video_mod.installed_backends()[-1] == "pyav"
     assert frame_ids(read_frames(p, [2], backend="auto")) == [2]
-    with pytest.raises(ConfigError, match="decord is not installed"):
-        read_frames(p, [2], backend="decord")
+    with pytest.raises(ConfigError, match=rf"video backend={backend} but {backend} is not installed"):
+        read_frames(p, [2], backend=backend)
 
 
-def test_read_frames_arguments(tmp_path: Path) -> None:
+def test_torchcodec_without_ffmpeg_is_left_out_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchcodec imports without FFmpeg's libraries (its ffmpeg_major_version is then None): auto
+    must not pick it, and the reason says what to install."""
+    import sys
+    import types
+
+    fake = types.ModuleType("torchcodec")
+    fake.ffmpeg_major_version = None
+    decoders = types.ModuleType("torchcodec.decoders")
+    decoders.VideoDecoder = object
+    monkeypatch.setitem(sys.modules, "torchcodec", fake)
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", decoders)
+    assert video_mod._torchcodec.__wrapped__() == (None, "torchcodec cannot load FFmpeg's shared libraries "
+                                                         "(libavcodec ...): install FFmpeg 4-8, e.g. apt-get install ffmpeg")
+    monkeypatch.setitem(sys.modules, "torchcodec", None)  # not installed: the import fails
+    assert video_mod._torchcodec.__wrapped__()[1].startswith("torchcodec is not installed")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_read_frames_arguments(tmp_path: Path, backend: str) -> None:
     p = write_video(tmp_path / "a.mp4", n=4)
-    assert read_frames(p, []).shape[0] == 0
+    assert read_frames(p, [], backend=backend).shape[0] == 0
     with pytest.raises(DataError, match="negative"):
-        read_frames(p, [-1])
+        read_frames(p, [-1], backend=backend)
     with pytest.raises(ConfigError, match="backend"):
         read_frames(p, [0], backend="opencv")
-    for b in BACKENDS:
-        assert frame_ids(read_frames(p, [3, 0], backend=b)) == [3, 0]
-    if HAS_DECORD:  # past decord's frame count: refused by decord, PyAV (auto) gives the last frame
-        with pytest.raises(DataError, match="out of range"):
-            read_frames(p, [4], backend="decord")
-        assert frame_ids(read_frames(p, [4], backend="auto")) == [3]
+    assert frame_ids(read_frames(p, [3, 0], backend=backend)) == [3, 0]
+    if backend in video_mod.SEEKING:  # past a seeking backend's frame count: refused
+        with pytest.raises(DataError, match=rf"with {backend} \(IndexError: frame index 4 out of range \(4 frames\)"):
+            read_frames(p, [4], backend=backend)
+    else:  # PyAV (auto's last resort when a seeking backend refuses) gives the last frame
+        assert frame_ids(read_frames(p, [4], backend=backend)) == [3]
+
+
+def test_store_meta_records_the_backend_but_stores_do_not_compare_it(tmp_path: Path) -> None:
+    """``video_backend`` in the meta is the decoder auto picks here; a store read by another backend
+    stays compatible (it is not one of the compared settings)."""
+    from captioning.features.backbones import EncoderConfig, build_backbone
+    from captioning.features.extract import store_meta
+    from captioning.store.feature_store import settings_diff
+
+    backbone = build_backbone(EncoderConfig(weights="none", frames=4, frame_size=32))
+    meta = store_meta(backbone, "video", "float16")
+    assert meta["video_backend"] == video_mod.installed_backends()[0]
+    assert settings_diff(meta, {**meta, "video_backend": "pyav", "encoder": {**meta["encoder"],
+                                                                               "video_backend": "pyav"}}) == {}
+    assert "video_backend" not in store_meta(build_backbone(EncoderConfig(weights="none", image_size=32)), "image",
+                                             "float16")

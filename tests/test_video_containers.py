@@ -1,6 +1,7 @@
 """Bring-your-own video in any container: real encoded mp4 / webm / mkv / avi / mov / m4v / mpg files
 (and ``.MP4``, an odd frame size, a 1-frame video) are found by id by every video annotation reader,
-decoded by decord and by PyAV, and all extracted by ``captioning-extract data=msrvtt_format``.
+decoded by every installed backend (torchcodec, decord, PyAV; the others skipped with the reason),
+and all extracted by ``captioning-extract data=msrvtt_format``.
 
 Frame ``i`` of every generated video has red level ``level(i)`` on its whole area, so the mean red
 of a decoded frame tells which frame it is (lossy codecs stay well within half a step).
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_extract import ENC, run_extract_cli
+from test_video import backend_params
 
 from captioning.config import DataConfig
 from captioning.data import video as video_mod
@@ -22,8 +24,7 @@ from captioning.data.video import read_frames, video_info
 from captioning.errors import DataError
 
 av = pytest.importorskip("av")
-HAS_DECORD = video_mod._decord() is not None
-BACKENDS = ["pyav", "auto"] + (["decord"] if HAS_DECORD else [])
+BACKENDS = backend_params()  # auto, torchcodec, decord, pyav
 
 # id, file name, codec, pixel format, (width, height), frames, frame rate.
 # libx264 refuses odd sizes in 4:2:0 (yuv420p needs even width and height: avcodec_open2 fails), so
@@ -115,7 +116,7 @@ def test_each_container_decodes_the_right_frames(dataset: Path, row: tuple, back
     """Every frame in order, and sparse indices out of order (what extraction asks for: random access)."""
     _, name, codec, _, (w, h), frames, rate = row
     p = dataset / "videos" / name
-    if backend == "decord" and name.endswith(".mpg"):  # decord's seek returns frame 0 for every index
+    if backend in video_mod.SEEKING and name.endswith(".mpg"):  # their seek returns wrong frames
         with pytest.raises(DataError, match=r"mpeg2mpg_0_10\.mpg is an MPEG program/transport stream"):
             read_frames(p, [3], backend=backend)
         return
@@ -131,9 +132,10 @@ def test_each_container_decodes_the_right_frames(dataset: Path, row: tuple, back
 
 @pytest.mark.slow
 def test_extract_cli_extracts_every_container(dataset: Path, tmp_path: Path) -> None:
-    """``captioning-extract data=msrvtt_format`` with the default backend (auto: decord, PyAV for
-    the .mpg): every video extracted (exit 0, no failure, nothing "not found"), K sampled frames
-    each at the hand-computed indices, finite features."""
+    """``captioning-extract data=msrvtt_format`` with the default backend (auto: the first installed
+    of torchcodec, decord, PyAV, and PyAV for the .mpg): every video extracted (exit 0, no failure,
+    nothing "not found"), K sampled frames each at the hand-computed indices, finite features; the
+    store records the backend."""
     from captioning.store.feature_store import FeatureStore
 
     out = tmp_path / "features"
@@ -145,6 +147,7 @@ def test_extract_cli_extracts_every_container(dataset: Path, tmp_path: Path) -> 
     assert f"{len(VIDEOS)} processed" in log and "0 failed" in log and "not found" not in log, log[-3000:]
     store = FeatureStore.open(out)
     assert list(store.failures) == []
+    assert store.meta["video_backend"] == video_mod.installed_backends()[0]
     assert sorted(store.ids) == sorted(v[0] for v in VIDEOS)
     for vid, _, _, _, _, frames, _ in VIDEOS:
         item = store[vid]

@@ -23,7 +23,7 @@
   path = the video's file in ``media_dir`` (see below; ``<video_id>.mp4`` when there is none).
 
 Video files (every video format, one lookup: ``captioning.data.media.video_files_by_id``): an id's
-file is ``<id>.<ext>`` directly in ``media_dir`` with any container decord/PyAV read (mp4, webm,
+file is ``<id>.<ext>`` directly in ``media_dir`` with any container the video backends read (mp4, webm,
 mkv, avi, mov, m4v, mpg, ...; the extension in any case, e.g. ``.MP4``).  An id with two or more
 such files (``video1.mp4`` and ``video1.webm``) is a bad record: which one is meant is unknown.
 

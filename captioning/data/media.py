@@ -23,7 +23,7 @@ Truncated, corrupt, zero-byte and non-image files raise ``DataError`` naming the
 Pillow's global ``ImageFile.LOAD_TRUNCATED_IMAGES`` is not changed (keep it False).
 
 Videos: ``video_files_by_id(media_dir)`` finds a dataset's video files by id in any container
-decord/PyAV read (``VIDEO_EXTENSIONS``, matched case-insensitively); every video annotation
+the video backends read (``VIDEO_EXTENSIONS``, matched case-insensitively); every video annotation
 reader resolves its ids through it.
 """
 

@@ -1,29 +1,37 @@
-"""Video decoding and frame sampling: decord first, PyAV as the fallback.
+"""Video decoding and frame sampling: torchcodec first, then decord, then PyAV.
 
 - ``video_info(path)`` -> ``VideoInfo(num_frames, fps, width, height)``; raises DataError for
   missing/empty/unreadable files, files without a video stream and videos without frames.
 - ``sample_frame_indices(num_frames, k, ...)`` -> ``(indices, valid)``: which frames to decode.
 - ``read_frames(path, indices)`` -> uint8 ``[len(indices), H, W, 3]`` RGB.
 
-Backends: ``"decord"`` (fast random access), ``"pyav"`` (sequential decoding from the start: exact
-frame order, also for variable frame rate; slower for far-away frames of long videos) and
-``"auto"``: decord when installed and able to read the file, else PyAV.  Frame indices count
+Backends (``encoder.video_backend``): ``"torchcodec"`` (PyTorch's maintained FFmpeg decoder, exact
+seek mode: frames indexed by a scan of the file; needs FFmpeg 4-8's shared libraries on the
+system), ``"decord"`` (fast random access; unmaintained since 2022), ``"pyav"`` (sequential
+decoding from the start: exact frame order, also for variable frame rate; slower for far-away
+frames of long videos) and ``"auto"``: the first installed of torchcodec, decord, PyAV (probed once
+per process, ``installed_backends()``; ``resolve_backend()`` names it and the extraction job
+records it in the store meta as ``video_backend``), each file going to the next backend when one
+cannot read it.  On the same file all three return the same frames (max abs pixel difference 0
+on the test videos: mp4/webm/mkv/avi/mov/m4v, H.264, VP8/9, MPEG-4, MJPEG, 4:2:0 and 4:4:4, odd
+sizes, variable frame rate), so the backend is not a feature setting.  Frame indices count
 decoded frames in presentation order from 0; with ``"auto"`` both functions pick the same backend
 for a given file, so indices from ``video_info`` are valid for ``read_frames``.  MPEG program and
 transport streams (``.mpg``, ``.mpeg``, ``.vob``, ``.ts``, ``.m2ts``, recognised by their first
-bytes whatever the extension) always go to PyAV: decord's seek in a program stream silently
-returns the first frame for every index, and it cannot open transport streams
-(``backend=decord`` refuses them with a DataError).  When a container's frame count overstates
-the frames PyAV can decode, indices past the end are given the last decoded frame.  decord's
-array bridge is left at its default (nothing global is changed).  Container rotation metadata is
-not applied.
+bytes whatever the extension) always go to PyAV: seeking in a program stream silently returns
+the wrong frames (decord: the first frame for every index; torchcodec 0.17: the frame before),
+and transport streams fail in both (``backend=decord|torchcodec`` refuses them with a DataError).
+When a container's frame count overstates the frames PyAV can decode, indices past the end are
+given the last decoded frame.  decord's array bridge is left at its default (nothing global is
+changed).  Container rotation metadata is not applied by decord or PyAV (what torchcodec does
+with it is not tested here).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +43,12 @@ from captioning.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "decord", "pyav")
+BACKENDS = ("auto", "torchcodec", "decord", "pyav")
+PREFERENCE = ("torchcodec", "decord", "pyav")  # what auto tries, among the installed ones
+SEEKING = ("torchcodec", "decord")  # random access by frame index (not in MPEG program/transport streams)
 STRATEGIES = ("uniform", "fps", "all")
 SHORT_POLICIES = ("repeat", "pad")
-DECORD_THREADS = 1  # per reader: extraction runs many DataLoader workers side by side
+THREADS = 1  # decoding threads per reader: extraction runs many DataLoader workers side by side
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,22 @@ def sample_frame_indices(num_frames: int, k: int | None, strategy: str = "unifor
 
 
 @functools.lru_cache(maxsize=1)
+def _torchcodec() -> tuple[Any, str]:
+    """(torchcodec's ``VideoDecoder`` or None, why not): probed once per process."""
+    try:
+        import torchcodec
+        from torchcodec.decoders import VideoDecoder
+    except ImportError:
+        return None, "torchcodec is not installed: pip install torchcodec (with FFmpeg 4-8 on the system)"
+    except Exception as e:  # a build for another torch, or (older releases) FFmpeg missing
+        return None, f"torchcodec cannot load ({_short(e)})"
+    if getattr(torchcodec, "ffmpeg_major_version", 0) is None:  # installed, FFmpeg's libraries not found
+        return None, ("torchcodec cannot load FFmpeg's shared libraries (libavcodec ...): install FFmpeg 4-8, "
+                      "e.g. apt-get install ffmpeg")
+    return VideoDecoder, ""
+
+
+@functools.lru_cache(maxsize=1)
 def _decord() -> Any:
     try:
         import decord
@@ -116,12 +142,33 @@ def _decord() -> Any:
     return decord
 
 
+def unavailable(backend: str) -> str | None:
+    """Why ``backend`` cannot decode in this process (None: it can)."""
+    if backend == "torchcodec":
+        return _torchcodec()[1] or None
+    if backend == "decord" and _decord() is None:
+        return "decord is not installed: pip install decord (x86_64 wheels only)"
+    return None
+
+
+def installed_backends() -> tuple[str, ...]:
+    """The backends this process can decode with, in ``auto``'s order: torchcodec, decord, PyAV."""
+    return tuple(b for b in PREFERENCE if unavailable(b) is None)
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """The backend that decodes for ``backend``: itself, or for ``auto`` the first installed one
+    (single files it cannot read, and MPEG streams for the seeking backends, go to the next)."""
+    _check_backend(backend)
+    return installed_backends()[0] if backend == "auto" else backend
+
+
 def _check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ConfigError(f"video backend={backend!r} is not valid: use {' | '.join(BACKENDS)}")
-    if backend == "decord" and _decord() is None:
-        raise ConfigError("video backend=decord but decord is not installed: pip install decord, or use "
-                          "backend=pyav | auto")
+    why = unavailable(backend) if backend != "auto" else None
+    if why:
+        raise ConfigError(f"video backend={backend} but {why}; or use backend=auto")
 
 
 def _short(e: BaseException) -> str:
@@ -132,7 +179,7 @@ def _short(e: BaseException) -> str:
 
 def _mpeg_stream(p: Path) -> bool:
     """True for an MPEG program stream (pack header ``00 00 01 BA``) or transport stream (sync byte
-    0x47 every 188 bytes, or every 192 for M2TS), whose frames decord cannot seek to."""
+    0x47 every 188 bytes, or every 192 for M2TS), whose frames decord and torchcodec cannot seek to."""
     try:
         with open(p, "rb") as f:
             head = f.read(197)
@@ -144,37 +191,43 @@ def _mpeg_stream(p: Path) -> bool:
                for start, size in ((0, 188), (4, 192)))
 
 
-def _use_decord(backend: str, p: Path) -> bool:
-    if backend == "pyav" or (backend == "auto" and _decord() is None):
-        return False
+def _order(backend: str, p: Path) -> list[str]:
+    """The backends to try on ``p``, in order: ``backend``, or for ``auto`` every installed one."""
+    order = list(installed_backends()) if backend == "auto" else [backend]
     if _mpeg_stream(p):
-        if backend == "decord":
-            raise DataError(f"video {p} is an MPEG program/transport stream, in which decord cannot seek to a "
-                            f"frame (it returns wrong frames): use backend=pyav or auto")
-        return False
-    return True
+        if backend in SEEKING:
+            raise DataError(f"video {p} is an MPEG program/transport stream, in which {backend} cannot seek to a "
+                            f"frame (it returns wrong frames or fails): use backend=pyav or auto")
+        order = [b for b in order if b not in SEEKING]
+    return order
+
+
+def _first(p: Path, backend: str, verb: str, call: Callable[[str], Any]) -> Any:
+    """``call(b)`` for the first backend ``b`` of ``_order`` that succeeds; DataError naming ``p`` when none does."""
+    order = _order(backend, p)
+    failed: list[str] = []
+    for b in order:
+        try:
+            return call(b)
+        except Exception as e:
+            last = b == order[-1]
+            if isinstance(e, DataError) and (last or backend != "auto"):
+                raise  # names the file already
+            if backend != "auto" and b != "pyav":
+                raise DataError(f"cannot {verb} video {p} with {b} ({_short(e)}); try backend=pyav") from e
+            if last:
+                also = "".join(f"; {f}" for f in failed)
+                raise DataError(f"cannot {verb} video {p} ({_short(e)}{also}): not a readable video file") from e
+            failed.append(f"{b}: {_short(e)}")
+            log.debug("%s cannot %s %s (%s); trying the next backend", b, verb, p, _short(e))
+    raise AssertionError("unreachable: PyAV is always the last backend")  # pragma: no cover
 
 
 def video_info(path: str | Path, backend: str = "auto") -> VideoInfo:
     """Frame count, average fps and size of a video; DataError naming the file when unreadable."""
     p = check_media_file(path, "video")
     _check_backend(backend)
-    decord_error = None
-    if _use_decord(backend, p):
-        try:
-            return _decord_info(p)
-        except Exception as e:
-            if backend == "decord":
-                raise DataError(f"cannot read video {p} with decord ({_short(e)}); try backend=pyav") from e
-            decord_error = e
-            log.debug("decord cannot read %s (%s); trying PyAV", p, _short(e))
-    try:
-        return _pyav_info(p)
-    except DataError:
-        raise
-    except Exception as e:
-        also = f"; decord: {_short(decord_error)}" if decord_error is not None else ""
-        raise DataError(f"cannot read video {p} ({_short(e)}{also}): not a readable video file") from e
+    return _first(p, backend, "read", lambda b: _READERS[b][0](p))
 
 
 def read_frames(path: str | Path, indices: Sequence[int], backend: str = "auto") -> np.ndarray:
@@ -186,24 +239,43 @@ def read_frames(path: str | Path, indices: Sequence[int], backend: str = "auto")
         raise DataError(f"video {p}: negative frame index in {idx[:10]}")
     if not idx:
         return np.zeros((0, 0, 0, 3), dtype=np.uint8)
-    decord_error = None
-    if _use_decord(backend, p):
-        try:
-            return _decord_frames(p, idx)
-        except DataError:
-            raise
-        except Exception as e:
-            if backend == "decord":
-                raise DataError(f"cannot decode video {p} with decord ({_short(e)}); try backend=pyav") from e
-            decord_error = e
-            log.debug("decord cannot decode %s (%s); trying PyAV", p, _short(e))
-    try:
-        return _pyav_frames(p, idx)
-    except DataError:
-        raise
-    except Exception as e:
-        also = f"; decord: {_short(decord_error)}" if decord_error is not None else ""
-        raise DataError(f"cannot decode video {p} ({_short(e)}{also}): not a readable video file") from e
+    return _first(p, backend, "decode", lambda b: _READERS[b][1](p, idx))
+
+
+def _gather(frames: np.ndarray, wanted: list[int], idx: list[int], backend: str) -> np.ndarray:
+    """Frames decoded once each for the sorted unique ``wanted`` [U, H, W, 3] -> in ``idx``'s order."""
+    if frames.ndim != 4 or frames.shape[0] != len(wanted) or frames.shape[-1] != 3:
+        raise RuntimeError(f"{backend} returned an array of shape {frames.shape}")
+    pos = {f: j for j, f in enumerate(wanted)}
+    return np.ascontiguousarray(frames[[pos[i] for i in idx]], dtype=np.uint8)
+
+
+def _in_range(wanted: list[int], n: int) -> None:
+    if wanted[-1] >= n:  # auto: PyAV may decode more frames than the container index lists
+        raise IndexError(f"frame index {wanted[-1]} out of range ({n} frames)")
+
+
+# -- torchcodec
+
+
+def _torchcodec_decoder(p: Path) -> Any:
+    decoder = _torchcodec()[0]
+    return decoder(str(p), seek_mode="exact", dimension_order="NHWC", num_ffmpeg_threads=THREADS)
+
+
+def _torchcodec_info(p: Path) -> VideoInfo:
+    m = _torchcodec_decoder(p).metadata  # exact mode: frames counted by a scan of the file
+    n = int(m.num_frames or 0)
+    if n < 1:
+        raise DataError(f"video {p} has no frames")
+    return VideoInfo(num_frames=n, fps=float(m.average_fps or 0.0), width=int(m.width), height=int(m.height))
+
+
+def _torchcodec_frames(p: Path, idx: list[int]) -> np.ndarray:
+    decoder = _torchcodec_decoder(p)
+    wanted = sorted(set(idx))
+    _in_range(wanted, len(decoder))
+    return _gather(decoder.get_frames_at(wanted).data.numpy(), wanted, idx, "torchcodec")  # [U, H, W, 3]
 
 
 # -- decord
@@ -211,7 +283,7 @@ def read_frames(path: str | Path, indices: Sequence[int], backend: str = "auto")
 
 def _decord_reader(p: Path) -> Any:
     decord = _decord()
-    return decord.VideoReader(str(p), ctx=decord.cpu(0), num_threads=DECORD_THREADS)
+    return decord.VideoReader(str(p), ctx=decord.cpu(0), num_threads=THREADS)
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -234,16 +306,9 @@ def _decord_info(p: Path) -> VideoInfo:
 
 def _decord_frames(p: Path, idx: list[int]) -> np.ndarray:
     vr = _decord_reader(p)
-    n = len(vr)
     wanted = sorted(set(idx))
-    if wanted[-1] >= n:
-        raise IndexError(f"frame index {wanted[-1]} out of range ({n} frames)")  # auto: PyAV may count more
-    frames = _to_numpy(vr.get_batch(wanted))  # [len(wanted), H, W, 3]
-    if frames.ndim != 4 or frames.shape[0] != len(wanted) or frames.shape[-1] != 3:
-        raise RuntimeError(f"decord returned an array of shape {frames.shape}")
-    pos = {f: j for j, f in enumerate(wanted)}
-    out = frames[[pos[i] for i in idx]]
-    return np.ascontiguousarray(out, dtype=np.uint8)
+    _in_range(wanted, len(vr))
+    return _gather(_to_numpy(vr.get_batch(wanted)), wanted, idx, "decord")  # [U, H, W, 3]
 
 
 # -- PyAV
@@ -309,3 +374,11 @@ def _rgb(frame: Any, size: tuple[int, int] | None) -> np.ndarray:
     if size is not None and (frame.width, frame.height) != size:
         frame = frame.reformat(width=size[0], height=size[1])
     return frame.to_ndarray(format="rgb24")
+
+
+# name -> (info, frames) readers
+_READERS: dict[str, tuple[Callable[[Path], VideoInfo], Callable[[Path, list[int]], np.ndarray]]] = {
+    "torchcodec": (_torchcodec_info, _torchcodec_frames),
+    "decord": (_decord_info, _decord_frames),
+    "pyav": (_pyav_info, _pyav_frames),
+}

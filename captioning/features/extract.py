@@ -42,7 +42,7 @@ from pytorch_lightning.callbacks import BasePredictionWriter, ProgressBar
 from torch.utils.data import DataLoader, Dataset
 
 from captioning.data.media import load_image
-from captioning.data.video import read_frames, sample_frame_indices, video_info
+from captioning.data.video import read_frames, resolve_backend, sample_frame_indices, video_info
 from captioning.errors import ConfigError, DataError, StorageError
 from captioning.features.backbones import Backbone, EncoderConfig, Preprocessing
 from captioning.features.clips import clip_frame_indices, clip_union
@@ -164,7 +164,7 @@ class MediaDataset(Dataset):
         clip encoders also clip_frames and clip_index."""
 
         v = self.video
-        info = video_info(path)
+        info = video_info(path, backend=v.backend)
         if not info.num_frames or info.num_frames < 1:
             raise DataError(f"video {path} has no frames")
         indices, valid = sample_frame_indices(
@@ -517,6 +517,8 @@ def store_meta(backbone: Backbone, kind: str, dtype: str) -> dict[str, Any]:
 
     Clip encoders: ``settings`` also holds ``clip`` (length, stride, centre, edges) and
     ``encoder`` the ``clip_length``/``clip_stride`` keys; ``frames`` is K as for 2-D videos.
+    Videos: ``video_backend`` names the decoder that reads them (``resolve_backend``); it is a
+    record, not a setting that stores compare (the backends decode the same frames).
     """
     cfg = backbone.cfg
     video = kind == "video"
@@ -537,6 +539,7 @@ def store_meta(backbone: Backbone, kind: str, dtype: str) -> dict[str, Any]:
             "dim": channels, "grid": grid, "dtype": dtype, "encoder": asdict(cfg)}
     if video:
         meta["frames"] = cfg.frames
+        meta["video_backend"] = resolve_backend(cfg.video_backend)
     return meta
 
 
