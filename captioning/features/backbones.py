@@ -209,7 +209,6 @@ class BuiltModel:
 
 
 Builder = Callable[[EncoderConfig], BuiltModel]
-StageLister = Callable[["Backbone"], list[tuple[str, nn.Module]]]
 # Each entry's metadata ``stages``: a function listing a built Backbone's stages, input first (what
 # fine-tuning unfreezes the last k of; ``stages`` below).  ``TIMM_FAMILY`` is the entry of every
 # ``timm:<model_name>``.  3-D clip encoders: ``captioning.features.clips.CLIP_BACKBONES``.
