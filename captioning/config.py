@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -128,8 +131,6 @@ def register_schema(name: str, schema: type) -> None:
     type) before the YAML and the command line are merged onto it: overriding a key the YAML
     does not mention works, and a misspelt key or a wrong type fails at composition.
     """
-    from hydra.core.config_store import ConfigStore
-
     ConfigStore.instance().store(name=name, node=schema)
 
 
@@ -218,23 +219,39 @@ def unknown_keys(cfg: Mapping[str, Any] | DictConfig, schema: type, prefix: str 
     return found
 
 
+class JobFailed(CaptioningError):
+    """A sweep job's one-line error, raised instead of exiting: Hydra records the job as failed (the
+    sweep summary shows the line) and goes on with the other jobs."""
+
+
+def _in_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    if _in_multirun():
+        raise JobFailed(message)
+    sys.exit(2)
+
+
 def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator for job entry points: a CaptioningError, or a full disk, exits with status 2 and one line."""
+    """Decorator for job entry points: a CaptioningError, or a full disk, is one line and exit status 2
+    (in a sweep: the job fails with that line and the sweep goes on)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except JobFailed:
+            raise
         except CaptioningError as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            sys.exit(2)
+            _fail(str(e))
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             where = f" while writing {e.filename}" if e.filename else ""
-            print(f"error: {e.strerror or 'no space left'}{where}; files finished before are intact "
-                  f"(every output is written to a temp file and renamed). Free space and run the same command again",
-                  file=sys.stderr, flush=True)
-            sys.exit(2)
+            _fail(f"{e.strerror or 'no space left'}{where}; files finished before are intact "
+                  f"(every output is written to a temp file and renamed). Free space and run the same command again")
 
     return wrapper

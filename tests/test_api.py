@@ -232,8 +232,8 @@ def test_caption_split_decodes_the_checkpoint_feature_store(ckpts, soft, tmp_pat
 
     from captioning import Captioner
     from captioning.config import DataConfig
-    from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
     from captioning.features.featurize import featurize_files
+    from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
 
     images = ckpts["images"]
     (tmp_path / "annotations").mkdir()

@@ -59,8 +59,8 @@ def test_a_callback_node_without_target_is_a_config_error():
 def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere():
     from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 
-    from captioning.train.callbacks import LineProgress, progress_bar
     from captioning.errors import ConfigError
+    from captioning.train.callbacks import LineProgress, progress_bar
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

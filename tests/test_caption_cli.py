@@ -52,9 +52,9 @@ def save_checkpoint(path: Path, meta: dict, vocab: dict, data: dict, features_di
 
 
 def _extract(items: list[tuple[str, str]], kind: str, enc, features_dir: Path) -> dict:
-    from captioning.store.feature_store import FeatureStore
     from captioning.features.backbones import build_backbone
     from captioning.features.extract import run_extraction, unique_items
+    from captioning.store.feature_store import FeatureStore
 
     backbone = build_backbone(enc)
     run_extraction(unique_items(items), kind, backbone, features_dir,
@@ -201,9 +201,9 @@ def test_resolve_device():
 
 @pytest.mark.slow
 def test_raw_image_features_equal_stored_features(image_ckpt):
-    from captioning.store.feature_store import FeatureStore
     from captioning.features.backbones import build_backbone
     from captioning.features.featurize import featurize_files
+    from captioning.store.feature_store import FeatureStore
 
     store = FeatureStore.open(image_ckpt["features_dir"])
     paths = [image_ckpt["root"] / "images" / r.path for r in image_ckpt["records"][:5]]
@@ -218,9 +218,9 @@ def test_raw_image_features_equal_stored_features(image_ckpt):
 
 @pytest.mark.slow
 def test_raw_video_features_equal_stored_features(video_ckpt):
-    from captioning.store.feature_store import FeatureStore
     from captioning.features.backbones import build_backbone
     from captioning.features.featurize import featurize_files
+    from captioning.store.feature_store import FeatureStore
 
     store = FeatureStore.open(video_ckpt["features_dir"])
     # the extraction's batch (8 videos): the backbone then sees the same frame batch, so fp16 features

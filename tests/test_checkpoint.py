@@ -8,8 +8,8 @@ import pickle
 import pytest
 import torch
 
-from captioning.train.checkpoint import load_checkpoint
 from captioning.errors import CheckpointError
+from captioning.train.checkpoint import load_checkpoint
 
 
 class _Payload:

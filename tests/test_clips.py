@@ -217,8 +217,8 @@ def test_weights_file_by_path_and_wrong_architecture(weight_files) -> None:
 
 def test_clip_features_at_the_video_boundaries(videos, r21d_store) -> None:
     """Stored rows == the network on clips built here by hand (clamped at both ends of each video)."""
-    from captioning.store.feature_store import FeatureStore
     from captioning.data.video import read_frames
+    from captioning.store.feature_store import FeatureStore
 
     store = FeatureStore.open(r21d_store["dir"])
     b = r21d_store["backbone"]
@@ -296,8 +296,8 @@ def test_extract_job_runs_every_clip_encoder(name: str, videos, tmp_path: Path) 
 
 def test_store_meta_rebuilds_the_extractor(videos, r21d_store) -> None:
     """What a checkpoint keeps (the store meta) rebuilds the same clip extractor and features."""
-    from captioning.store.feature_store import FeatureStore
     from captioning.features.featurize import featurize_files, rebuild_backbone
+    from captioning.store.feature_store import FeatureStore
 
     store = FeatureStore.open(r21d_store["dir"])
     meta = json.loads(json.dumps(store.meta))  # as saved in a checkpoint

@@ -87,11 +87,16 @@ def store_with(trained: dict, dest: Path, *, settings: dict | None = None, poiso
 
 
 def test_resume_with_another_vocabulary_is_refused(trained: dict, tmp_path: Path) -> None:
+    """The same settings over other annotations (a file edited since: the paths are not part of the
+    run's identity, its content is checked through the vocabulary)."""
     run = copy_run(trained, tmp_path / "run")
     before = (run / "checkpoints" / "last.ckpt").read_bytes()
-    line = one_error_line(train(trained, run, "trainer.max_epochs=2", "data.min_count=20", check=False))
+    edited = tmp_path / "captions_train.json"
+    source = Path(trained["root"]) / "annotations" / "captions_train.json"
+    edited.write_text(source.read_text().replace(" red ", " crimson "))
+    line = one_error_line(train(trained, run, "trainer.max_epochs=2", f"data.annotations.train={edited}", check=False))
     assert line.startswith("error: vocabulary mismatch: ") and str(run / "checkpoints" / "last.ckpt") in line
-    assert "data.min_count" in line and "resume=false" in line  # the fixes
+    assert "data.min_count" in line and "run_name=<name>" in line  # the fixes
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == before
 
 

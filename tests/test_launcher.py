@@ -29,16 +29,17 @@ FAST = ["model.embed_dim=16", "model.hidden_dim=32", "model.attention_dim=16", "
 @pytest.mark.slow
 def test_sweep_through_the_submitit_launcher_runs_every_job(tmp_path: Path) -> None:
     """``captioning-train -m hydra/launcher=submitit_local seed=0,1``: two submitit jobs, each with
-    its checkpoints and summary in its own folder of the sweep."""
+    its checkpoints and summary in its own folder of the sweep (``<run_name>-<fingerprint>``)."""
     data = make_tiny_image_dataset(tmp_path / "tiny", n=24)
     sweep = tmp_path / "sweep"
     run_cli("train", "-m", "hydra/launcher=submitit_local", "seed=0,1",
             *data_overrides(data["root"], data["features_dir"]), *FAST,
-            f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=seed${seed}", env={"OMP_NUM_THREADS": "1"})
+            f"hydra.sweep.dir={sweep}", env={"OMP_NUM_THREADS": "1"})
     job_ids = set()
     for seed in (0, 1):
-        run = sweep / f"seed{seed}"
+        (run,) = sweep.glob(f"tiny-*-s{seed}-*")
         summary = json.loads((run / "train_summary.json").read_text())
+        assert run.name.endswith(f"-{summary['fingerprint']}")
         assert summary["global_step"] > 0 and summary["run_dir"] == str(run)
         ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
         assert ckpt["hyper_parameters"]["config"]["seed"] == seed

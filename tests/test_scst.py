@@ -12,7 +12,6 @@ from conftest import make_tiny_image_dataset, run_cli
 from captioning.errors import ConfigError
 from captioning.metrics.coco import CiderD
 from captioning.models.decoders import build_decoder
-from captioning.train.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
 from captioning.models.search import (
     DecodeConfig,
     decode_batch,
@@ -20,6 +19,7 @@ from captioning.models.search import (
     greedy_decode,
     sample,
 )
+from captioning.train.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 V, C = 9, 5

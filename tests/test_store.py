@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from captioning.errors import ConfigError, DataError, StorageError
 from captioning.store import feature_store as store_mod
 from captioning.store.feature_store import FeatureItem, FeatureStore, FeatureStoreWriter
-from captioning.errors import ConfigError, DataError, StorageError
 
 N, C = 6, 8
 META = {"settings": {"backbone": "toy", "weights": "none", "preprocessing": {"size": 32}, "code": "0.1.0"},

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from captioning.errors import ConfigError, DataError
 from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
 from captioning.store.streams import FeatureStreams, open_features
-from captioning.errors import ConfigError, DataError
 
 
 def write_store(root: Path, items: dict[str, tuple[np.ndarray, int, tuple[int, ...] | None]], *, kind: str = "video",

@@ -64,10 +64,10 @@ def test_streams_on_other_frames_or_missing_are_refused_by_name(streams, tmp_pat
 @pytest.mark.slow
 def test_temporal_model_trains_evaluates_and_captions_on_two_streams(streams, tmp_path: Path) -> None:
     from captioning.caption.api import Captioner
-    from captioning.train.checkpoint import load_captioner
+    from captioning.features.featurize import featurize_streams
     from captioning.store.feature_store import FeatureStore
     from captioning.store.streams import open_features
-    from captioning.features.featurize import featurize_streams
+    from captioning.train.checkpoint import load_captioner
 
     app, mot = FeatureStore.open(streams["app"]), FeatureStore.open(streams["mot"])
     both = open_features([streams["app"], streams["mot"]])

@@ -5,7 +5,8 @@
     captioning-train -m model=soft_attention,mean_pool seed=0,1,2
 
 The run directory is ``outputs/train/<run_name>``; running the same command again resumes
-from its ``checkpoints/last.ckpt`` (``resume=false`` starts over in a new ``run_name``).
+from its ``checkpoints/last.ckpt``; the same folder with other settings is refused (a run is its
+config: ``captioning.train.identity``).  Sweep jobs run in ``<sweep dir>/<run_name>-<fingerprint>``.
 The job is ``captioning.train.job.train``.
 """
 
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
 from captioning.models.decoders import register_schemas, run_tag
 from captioning.train.job import TrainConfig, train
+from captioning.train.sweep import sweep_fingerprint
 
 __all__ = ["TrainConfig", "main"]
 
@@ -28,6 +30,9 @@ register_schema("train_schema", TrainConfig)
 register_schemas()  # model/<decoder>_schema: what each conf/model/*.yaml extends
 # ${model_tag:${model}} in conf/train.yaml: the run folder's name part for the model
 OmegaConf.register_new_resolver("model_tag", run_tag, replace=True)
+
+# ${run_fingerprint:} in conf/train.yaml: a sweep job's folder is named by its run fingerprint
+OmegaConf.register_new_resolver("run_fingerprint", sweep_fingerprint, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")

@@ -114,7 +114,7 @@ def check_compatible(hparams: Mapping[str, Any], vocab: Mapping[str, Any], featu
         raise ConfigError(
             f"vocabulary mismatch: {path} was trained with a different vocabulary ({len(theirs)} "
             f"words) than this data gives ({len(vocab.get('itos', []))}); use the checkpoint's data config "
-            f"(data.min_count, annotations) or start a new run (resume=false or another run_name)"
+            f"(data.min_count, annotations) or start a new run in its own folder (run_name=<name>)"
         )
     diff = settings_diff(hparams["feature_meta"], feature_meta, keys=("settings", "dim"))
     if diff:

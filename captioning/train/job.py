@@ -9,14 +9,16 @@ the checkpoint.  ``captioning-train`` composes the ``TrainConfig`` and calls ``t
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from omegaconf import MISSING
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import MISSING, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 
@@ -27,12 +29,15 @@ from captioning.data.vocab import build_vocabulary
 from captioning.errors import CaptioningError, CheckpointError, ConfigError, DataError
 from captioning.models.decoders import decoder_config
 from captioning.models.search import BeamConfig
+from captioning.provenance import provenance
+from captioning.store.feature_store import store_id
 from captioning.store.streams import open_features
 from captioning.train.checkpoint import AtomicCheckpointIO, check_compatible, load_checkpoint
 from captioning.train.finetune import FinetuneConfig, FinetuneModule, finetune_data
+from captioning.train.identity import decide_resume, fingerprint
 from captioning.train.module import CaptioningModule, OptimConfig, config_dict
 from captioning.train.scst import ScstConfig
-from captioning.utils.io import atomic_write_json
+from captioning.utils.io import atomic_write_json, atomic_write_text
 
 log = logging.getLogger("captioning.train")
 
@@ -57,7 +62,9 @@ class TrainConfig:
     run_name: str = MISSING
     output_dir: str = MISSING  # the run directory (set by Hydra)
     seed: int = 0
-    resume: bool = True
+    # auto: resume this run's last.ckpt if there is one (another run's is refused) | must: fail when
+    # there is nothing to resume (requeue scripts) | never: always a fresh run (a folder holding a run is refused)
+    resume: str = "auto"
     eval_batch_size: int = 128
     compile: bool = False  # torch.compile the fixed-shape loss (CUDA graphs on a GPU)
     scst: ScstConfig = field(default_factory=ScstConfig)  # stage=scst: self-critical fine-tuning
@@ -151,12 +158,73 @@ def restore_csv_history(logger, path: Path, header: list[str], rows: list[dict])
 
 
 def train(cfg: TrainConfig) -> dict:
-    """Fit; returns a summary (best checkpoint, best score, steps)."""
+    """Fit; returns a summary (best checkpoint, best score, steps, run fingerprint, provenance).
 
+    The run folder is checked first: a ``last.ckpt`` of another run (another fingerprint) is
+    refused before anything in the folder is written (``identity.decide_resume``).
+    """
     decoder_config(cfg.model)  # a bad model config stops here, before any data is read
     cfg.scst.validate()
-    pl.seed_everything(cfg.seed, workers=True)
     out = Path(cfg.output_dir)
+    config = config_dict(cfg)
+    run_fp = fingerprint(config)
+    ckpt = out / "checkpoints" / "last.ckpt"
+    resume_from = str(ckpt) if resume_decision(cfg.resume, ckpt, config) else None
+    with run_record(out, cfg):
+        pl.seed_everything(cfg.seed, workers=True)
+        splits, store = read_data(cfg)
+        vocab = build_vocabulary(splits["train"], min_count=cfg.data.min_count)
+        meta = dict(store.meta)  # what the model is trained on (fine-tuning: the encoder's output)
+        if cfg.finetune.enabled:  # end to end from raw images (captioning.train.finetune)
+            dm, meta = finetune_data(cfg, splits, store, vocab)
+        else:
+            dm = CaptionDataModule(
+                splits, store, vocab, max_length=cfg.data.max_length, batch_size=cfg.data.batch_size,
+                eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=cfg.scst.enabled,
+            )
+        if rank_zero_only.rank == 0:  # temp files of checkpoint writes a killed run left behind
+            for stale in ckpt.parent.glob(".*.tmp"):
+                stale.unlink(missing_ok=True)
+        resume_step = check_resumable(resume_from, vocab.to_dict(), meta)
+        module_cls = FinetuneModule if cfg.finetune.enabled else CaptioningModule
+        extra = {"initial_weights": not resume_from} if cfg.finetune.enabled else {}
+        model = module_cls(config=config, vocab=vocab.to_dict(), feature_meta=meta, **extra)
+        parent = None
+        if cfg.init_from and not resume_from:  # e.g. XE -> SCST: a new run from a finished one's weights
+            parent = init_weights(model, cfg.init_from, vocab.to_dict(), dict(store.meta))
+        model.run_record = {"fingerprint": run_fp, "provenance": provenance(store=store_id(store.meta), run=run_fp),
+                            **({"parent": parent} if parent else {})}
+        trainer = build_trainer(cfg, out, resume_step)
+        trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
+        return write_summary(trainer, out, ckpt, vocab, dm, model.run_record)
+
+
+def resume_decision(policy: str, ckpt: Path, config: dict) -> bool:
+    """Whether this run resumes ``ckpt``; refuses (one line) a folder holding another run."""
+    saved = None
+    if ckpt.is_file():
+        try:
+            state = load_checkpoint(ckpt)
+        except CheckpointError as e:
+            raise CheckpointError(f"cannot resume: {e}. To start this run afresh, move {ckpt} away") from None
+        saved = {"config": state["hyper_parameters"]["config"], "run": state.get("run")}
+        del state
+    return decide_resume(policy, ckpt, config, saved)
+
+
+def check_resumable(resume_from: str | None, vocab: dict, meta: dict) -> int | None:
+    """The step ``resume_from`` was saved at, after checking its vocabulary and features."""
+    if not resume_from:
+        return None
+    state = load_checkpoint(resume_from)
+    check_compatible(state["hyper_parameters"], vocab, meta, resume_from)
+    step = int(state.get("global_step", 0))
+    log.info("resuming from %s (step %d)", resume_from, step)
+    return step
+
+
+def read_data(cfg: TrainConfig) -> tuple[dict, Any]:
+    """The dataset's splits and its FeatureStore (or streams), checked against each other."""
     dataset = read_dataset(cfg.data)
     splits = {s: dataset.split(s) for s in ("train", "val", "test")}
     dirs = [cfg.features_dir] if isinstance(cfg.features_dir, str) else cfg.features_dir
@@ -176,53 +244,27 @@ def train(cfg: TrainConfig) -> dict:
             f"features in {store.root} are '{store.meta.get('kind')}' features but data={cfg.data.name} "
             f"is a '{cfg.data.kind}' dataset: point features_dir at this dataset's features"
         )
-    vocab = build_vocabulary(splits["train"], min_count=cfg.data.min_count)
-    meta = dict(store.meta)  # what the model is trained on (fine-tuning: the encoder's output)
-    if cfg.finetune.enabled:  # end to end from raw images (captioning.train.finetune)
+    return splits, store
 
-        dm, meta = finetune_data(cfg, splits, store, vocab)
-    else:
-        dm = CaptionDataModule(
-            splits, store, vocab, max_length=cfg.data.max_length, batch_size=cfg.data.batch_size,
-            eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=cfg.scst.enabled,
-        )
-    ckpt = out / "checkpoints" / "last.ckpt"
-    if rank_zero_only.rank == 0:  # temp files of checkpoint writes a killed run left behind
-        for stale in ckpt.parent.glob(".*.tmp"):
-            stale.unlink(missing_ok=True)
-    resume_from = str(ckpt) if cfg.resume and ckpt.is_file() else None
-    resume_step = None
-    if resume_from:
 
-        try:
-            state = load_checkpoint(resume_from)
-        except CheckpointError as e:
-            raise CheckpointError(f"cannot resume: {e}. To start this run afresh, move {resume_from} away "
-                                  f"(or pass resume=false)") from None
-        check_compatible(state["hyper_parameters"], vocab.to_dict(), meta, resume_from)
-        resume_step = int(state.get("global_step", 0))
-        del state
-        log.info("resuming from %s (step %d)", resume_from, resume_step)
-    if cfg.finetune.enabled:  # + the encoder, with the store's weights unless resuming replaces them
-
-        model = FinetuneModule(config=config_dict(cfg), vocab=vocab.to_dict(), feature_meta=meta,
-                               initial_weights=not resume_from)
-    else:
-        model = CaptioningModule(config=config_dict(cfg), vocab=vocab.to_dict(), feature_meta=meta)
-    if cfg.init_from and not resume_from:  # fine-tuning: a run on these stored features (its decoder)
-        init_weights(model, cfg.init_from, vocab.to_dict(), dict(store.meta))
+def build_trainer(cfg: TrainConfig, out: Path, resume_step: int | None) -> pl.Trainer:
+    """The Lightning Trainer with the configured loggers and callbacks, atomic checkpoint writes."""
     loggers = build_loggers(cfg, resume_step)
     callbacks = build_callbacks(cfg, loggers)
-    trainer = pl.Trainer(**cfg.trainer.kwargs(
+    return pl.Trainer(**cfg.trainer.kwargs(
         callbacks=callbacks, logger=loggers or False, default_root_dir=str(out), plugins=[AtomicCheckpointIO()],
         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),  # none: no checkpoints
     ))
-    trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
+
+
+def write_summary(trainer: pl.Trainer, out: Path, ckpt: Path, vocab: Any, dm: Any, run: dict) -> dict:
+    """``train_summary.json`` (rank zero) and the vocabulary; returns the summary."""
     ckpt_cb = trainer.checkpoint_callback
     best = getattr(ckpt_cb, "best_model_path", "") or (str(ckpt) if ckpt.is_file() else "")
     score = getattr(ckpt_cb, "best_model_score", None)
     summary = {
         "run_dir": str(out),
+        "fingerprint": run["fingerprint"],
         "best_checkpoint": best,
         "last_checkpoint": str(ckpt) if ckpt.is_file() else None,
         "best_val_CIDEr": float(score) if score is not None else None,
@@ -231,6 +273,8 @@ def train(cfg: TrainConfig) -> dict:
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
         "vocab_size": len(vocab),
         "train_samples": sum(len(r) for r in dm.items["train"].references),
+        "provenance": run["provenance"],
+        **({"parent": run["parent"]} if "parent" in run else {}),
     }
     if trainer.is_global_zero:
         vocab.save(out / "vocab.json")
@@ -239,9 +283,36 @@ def train(cfg: TrainConfig) -> dict:
     return summary
 
 
-def init_weights(model: pl.LightningModule, path: str, vocab: dict, feature_meta: dict) -> None:
+@contextlib.contextmanager
+def run_record(out: Path, cfg: TrainConfig) -> Iterator[None]:
+    """While the job runs: ``<run>/train.log`` gets the log, ``<run>/.hydra/`` the resolved config
+    (and Hydra's own settings and overrides when run by Hydra).  Rank zero only.  Opened once the
+    folder is known to hold this run, so a refused run leaves a folder as it was."""
+    if rank_zero_only.rank != 0:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"config.yaml": OmegaConf.to_yaml(OmegaConf.structured(cfg))}
+    if HydraConfig.initialized():
+        hydra_cfg = HydraConfig.get()
+        files["hydra.yaml"] = OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg}))
+        files["overrides.yaml"] = OmegaConf.to_yaml(hydra_cfg.overrides.task)
+    for name, text in files.items():
+        atomic_write_text(out / ".hydra" / name, text)
+    handler = logging.FileHandler(out / "train.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def init_weights(model: pl.LightningModule, path: str, vocab: dict, feature_meta: dict) -> dict:
     """Load a finished run's weights into ``model`` (a new run: fresh optimizer, step 0), e.g. the
-    cross-entropy stage's best checkpoint before self-critical training."""
+    cross-entropy stage's best checkpoint before self-critical training.  Returns the parent run's
+    record (checkpoint, fingerprint, step) for this run's provenance."""
 
     state = load_checkpoint(path)
     check_compatible(state["hyper_parameters"], vocab, feature_meta, path)
@@ -250,4 +321,8 @@ def init_weights(model: pl.LightningModule, path: str, vocab: dict, feature_meta
     except RuntimeError as e:
         raise CheckpointError(f"init_from={path}: its weights do not fit this run's model "
                               f"({str(e).splitlines()[0][:200]}); use the same model settings as that run") from None
-    log.info("initialised from %s (its step %d)", path, int(state.get("global_step", 0)))
+    step = int(state.get("global_step", 0))
+    log.info("initialised from %s (its step %d)", path, step)
+    run = state.get("run") or {}
+    return {"checkpoint": str(path), "step": step,
+            "fingerprint": run.get("fingerprint") or fingerprint(state["hyper_parameters"]["config"])}

@@ -81,6 +81,7 @@ class CaptioningModule(pl.LightningModule):
         self.vocab = Vocabulary.from_dict(vocab)
         self.optim_cfg = OptimConfig(**config.get("optim", {}))
         self.decode_cfg = BeamConfig(**config.get("decode", {}))
+        self.run_record: dict | None = None  # fingerprint + provenance, saved in every checkpoint
         self.scst_cfg = ScstConfig(**config.get("scst", {})).validate()
         self._reward: Any = None  # stage=scst: CIDEr-D against the training references
         self.decoder: CaptionDecoder = build_decoder(
@@ -274,6 +275,9 @@ class CaptioningModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # the run's fingerprint and provenance (captioning.train.identity, captioning.provenance)
+        if getattr(self, "run_record", None):
+            checkpoint["run"] = self.run_record
         # RNG states as tensors/lists (weights_only-safe) so a resumed run repeats the same
         # dropout masks, hard-attention samples and shuffles as an uninterrupted one.
         np_state = np.random.get_state()

@@ -1,0 +1,67 @@
+"""Provenance: where a number came from (code, libraries, features, run).
+
+``provenance(...)`` is a plain-data record written into checkpoints, ``train_summary.json``,
+``metrics.json`` and the other outputs: the package version, the git commit of the checkout the
+code ran from (with a ``dirty`` flag for uncommitted changes; absent for an installed package),
+the torch / Lightning / Python versions, the feature store's identity (``store_id``:
+``captioning.store.feature_store.store_id``) and the run's fingerprint (``captioning.train.identity``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+import captioning
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> dict[str, Any]:
+    """Package version, and the git commit (+ dirty flag) when running from a checkout."""
+    out: dict[str, Any] = {"version": captioning.__version__}
+    repo = Path(captioning.__file__).resolve().parents[1]
+    if not (repo / ".git").exists():
+        return out
+    try:
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return out
+    out.update(git_commit=commit, git_dirty=bool(status.strip()))
+    return out
+
+
+def provenance(*, store: str | None = None, run: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The provenance record; ``store``: the FeatureStore's ``store_id``; ``run``: the run
+    fingerprint; ``extra``: more plain-data fields."""
+    rec: dict[str, Any] = {
+        **code_version(),
+        "torch": str(torch.__version__),  # a TorchVersion, which the weights-only loader refuses
+        "lightning": pl.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),  # CPU float sums depend on it: same count, same bits
+    }
+    if store is not None:
+        rec["store_id"] = store
+    if run is not None:
+        rec["run"] = run
+    rec.update(extra)
+    return rec
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes (what a provenance record says it covers)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
