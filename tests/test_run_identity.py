@@ -228,3 +228,15 @@ def test_resume_must_without_a_checkpoint_fails_in_one_line(tiny, tmp_path):
     proc = run_cli("train", *args(tiny, "resume=must", f"hydra.run.dir={tmp_path / 'new'}"), check=False)
     assert proc.returncode == 2
     assert "resume=must: nothing to resume" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_failed_sweep_job_is_a_row_with_its_error_and_the_others_train(tiny, tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_cli("train", "-m", *args(tiny, "model.dropout=0.1,1.5", f"hydra.sweep.dir={sweep}"), check=False,
+                   env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0  # the sweep says something failed
+    ok, bad = sorted(summary_rows(sweep), key=lambda r: r["job"])
+    assert ok["status"] == "COMPLETED" and int(ok["global_step"]) == STEPS and ok["differs"] == "model.dropout=0.1"
+    assert bad["status"] == "FAILED" and bad["differs"] == "model.dropout=1.5"
+    assert bad["error"] == "JobFailed: model.dropout must be in [0, 1] (got 1.5)"

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
 from captioning.models.decoders import register_schemas, run_tag
 from captioning.train.job import TrainConfig, train
-from captioning.train.sweep import sweep_fingerprint
+from captioning.train.sweep import sweep_job_folder
 
 __all__ = ["TrainConfig", "main"]
 
@@ -31,8 +31,8 @@ register_schemas()  # model/<decoder>_schema: what each conf/model/*.yaml extend
 # ${model_tag:${model}} in conf/train.yaml: the run folder's name part for the model
 OmegaConf.register_new_resolver("model_tag", run_tag, replace=True)
 
-# ${run_fingerprint:} in conf/train.yaml: a sweep job's folder is named by its run fingerprint
-OmegaConf.register_new_resolver("run_fingerprint", sweep_fingerprint, replace=True)
+# ${sweep_job_folder:} in conf/train.yaml: a sweep job's folder, <run_name>-<run fingerprint>
+OmegaConf.register_new_resolver("sweep_job_folder", sweep_job_folder, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")

@@ -20,8 +20,10 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from captioning.config import to_config
+from captioning.errors import CaptioningError
 from captioning.train.identity import fingerprint
 from captioning.train.job import TrainConfig
 from captioning.train.module import config_dict
@@ -63,13 +65,18 @@ def write_table(sweep_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def sweep_fingerprint(*, _root_: DictConfig) -> str:
-    """``${run_fingerprint:}`` (registered by ``captioning-train``): the fingerprint of the job config
-    the interpolation sits in, i.e. of the sweep job whose folder it names."""
+def sweep_job_folder(*, _root_: DictConfig) -> str:
+    """``${sweep_job_folder:}`` (registered by ``captioning-train``): ``<run_name>-<fingerprint>`` of the
+    sweep job whose config the interpolation sits in.  A config that does not resolve gets
+    ``job<N>-invalid``: the job then fails inside with its one-line error, which the summary records."""
     container = OmegaConf.to_container(_root_, resolve=False)
-    container.pop("hydra", None)
+    num = container.pop("hydra", {}).get("job", {}).get("num", "")
     container["output_dir"] = ""  # a continuation key, and it would resolve to the folder being named
-    return fingerprint(config_dict(to_config(OmegaConf.create(container), TrainConfig)))
+    try:
+        cfg = to_config(OmegaConf.create(container), TrainConfig)
+    except (CaptioningError, OmegaConfBaseException):
+        return f"job{num}-invalid"
+    return f"{cfg.run_name}-{fingerprint(config_dict(cfg))}"
 
 
 class SweepSummary(Callback):
