@@ -10,17 +10,21 @@ imported the first time the registry is asked, so a new decoder is ONE new modul
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from captioning.config import to_config
 from captioning.errors import ConfigError
 from captioning.models.decoders.base import CaptionDecoder, DecoderState
+from captioning.registry import Registry
 
 __all__ = [
     "CaptionDecoder",
+    "DECODERS",
     "DecoderState",
     "build_decoder",
     "decoder_class",
@@ -31,44 +35,27 @@ __all__ = [
 ]
 
 DEFAULT = "lstm"
-_REGISTRY: dict[str, type[CaptionDecoder]] = {}
-_discovered = False
+#: name -> decoder class; every module of this package is imported the first time it is read
+DECODERS: Registry[type[CaptionDecoder]] = Registry("decoder", config_key="model.name", discover=__name__)
 
 
 def register_decoder(name: str) -> Callable[[type[CaptionDecoder]], type[CaptionDecoder]]:
     """Class decorator: make ``model.name=<name>`` build this decoder."""
 
     def deco(cls: type[CaptionDecoder]) -> type[CaptionDecoder]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"decoder name {name!r} is registered twice")
         cls.name = name
-        _REGISTRY[name] = cls
-        return cls
+        return DECODERS.register(name)(cls)
 
     return deco
 
 
-def _discover() -> None:
-    global _discovered
-    if _discovered:
-        return
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_") and info.name != "base":
-            importlib.import_module(f"{__name__}.{info.name}")
-    _discovered = True
-
-
 def decoder_names() -> list[str]:
     """The registered decoder names, sorted."""
-    _discover()
-    return sorted(_REGISTRY)
+    return sorted(DECODERS.names())
 
 
 def decoder_class(name: str) -> type[CaptionDecoder]:
-    _discover()
-    if name not in _REGISTRY:
-        raise ConfigError(f"model.name={name!r} is not a registered decoder; use one of {sorted(_REGISTRY)}")
-    return _REGISTRY[name]
+    return DECODERS.get(name)
 
 
 def decoder_config(cfg: Any) -> Any:
@@ -78,10 +65,6 @@ def decoder_config(cfg: Any) -> Any:
     registry); the rest is merged onto that decoder's ``Config`` dataclass, whose ``validate()``
     (when it has one) checks the values.
     """
-    from omegaconf import DictConfig, OmegaConf
-
-    from captioning.config import to_config
-
     if is_dataclass(cfg) and not isinstance(cfg, type):
         cfg = asdict(cfg)
     if isinstance(cfg, DictConfig):
@@ -109,10 +92,8 @@ def register_schemas() -> None:
     """Store every decoder's config dataclass in Hydra's ConfigStore as ``model/<name>_schema``:
     a ``conf/model/*.yaml`` lists it first in its defaults, so every key of that decoder exists
     (with its type) at composition and ``model.<key>=...`` overrides are type-checked."""
-    from hydra.core.config_store import ConfigStore
-
-    for name in decoder_names():
-        ConfigStore.instance().store(group="model", name=f"{name}_schema", node=_REGISTRY[name].Config)
+    for entry in DECODERS:
+        ConfigStore.instance().store(group="model", name=f"{entry.name}_schema", node=entry.obj.Config)
 
 
 def run_tag(cfg: Any) -> str:
