@@ -111,7 +111,7 @@ INVALID = {
     "bool weight": lambda e: e["attention"][0].__setitem__(0, True),
     "nan weight": lambda e: e["attention"][0].__setitem__(0, float("nan")),
     "inf weight": lambda e: e["attention"][0].__setitem__(0, float("inf")),
-    "1-d image shape": lambda e: e.update(attention_shape=[49]),
+    "3-d image shape": lambda e: e.update(attention_shape=[7, 7, 1]),  # 1-d: image regions, valid
     "fractional shape": lambda e: e.update(attention_shape=[7.5, 7]),
     "frame_indices on image": lambda e: e.update(frame_indices=[1, 2]),
     "absolute figure": lambda e: e.update(figure="/etc/passwd"),

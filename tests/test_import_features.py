@@ -12,20 +12,32 @@ import numpy as np
 import pytest
 from conftest import make_tiny_image_dataset, run_cli
 
+from captioning.caption.api import CaptionResult
 from captioning.config import DataConfig
-from captioning.errors import ConfigError, DataError
+from captioning.errors import CheckpointError, ConfigError, DataError
+from captioning.evaluation.grounding import (
+    evaluate_grounding,
+    region_box_overlap,
+    region_centres_in_box,
+)
+from captioning.features.featurize import encoder_config
 from captioning.features.importing import (
     FORMATS,
     BadRecord,
     ImportConfig,
+    Regions,
     fit_regions,
     import_features,
     keep_rows,
     parse_tsv_row,
     rank_of,
 )
+from captioning.models.decoders import build_decoder
 from captioning.models.positions import layout_from_meta
 from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+from captioning.train.callbacks import attention_image
+from captioning.viz.gallery import captions_errors, result_entry
+from captioning.viz.heatmaps import box_heat, build_result_figure, plot_result, scale_boxes
 
 D = 8  # feature dim of the fixtures
 N_ITEMS = 12  # annotation ids 1..12 (make_tiny_image_dataset)
@@ -263,8 +275,6 @@ def test_fit_regions_checks() -> None:
 
 
 def regions_of(f: np.ndarray, b: np.ndarray | None, size: tuple[int, int] | None):
-    from captioning.features.importing import Regions
-
     return Regions(f, b, size)
 
 
@@ -411,6 +421,7 @@ def test_stores_without_the_boxes_key_still_open(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------- the CLI
 
 
+@pytest.mark.slow  # four CLI processes
 def test_cli_exit_status_1_with_failed_records_and_2_for_config_errors(tiny: dict) -> None:
     src = tiny["root"] / "tsv"
     src.mkdir()
@@ -429,3 +440,82 @@ def test_cli_exit_status_1_with_failed_records_and_2_for_config_errors(tiny: dic
     assert bad.stderr.strip().splitlines()[-1].startswith("error: format='csv' is not a registered feature format")
     typo = run_cli("import_features", *args, "max_region=8", check=False)
     assert typo.returncode != 0 and "max_region" in typo.stderr
+
+
+# ------------------------------------------------------------------- what region stores feed
+
+
+def test_box_heat_sums_the_weights_of_covering_boxes() -> None:
+    # pixel (r, c) is in a box when its centre (c + .5, r + .5) is: box 1 covers columns 1-2, rows
+    # 0-1; box 2 (x from 2.2) covers columns 2-5, rows 1-3
+    heat = box_heat(np.array([0.5, 0.25]), np.array([[1, 0, 3, 2], [2.2, 1, 6, 4]]), (4, 6))
+    expected = np.array([[0, .5, .5, 0, 0, 0],
+                         [0, .5, .75, .25, .25, .25],
+                         [0, 0, .25, .25, .25, .25],
+                         [0, 0, .25, .25, .25, .25]])
+    np.testing.assert_allclose(heat, expected)
+    np.testing.assert_allclose(scale_boxes(np.array([[10, 20, 30, 40]]), (100, 200), (50, 50)),
+                               [[5, 5, 15, 10]])
+
+
+def test_grounding_over_region_boxes() -> None:
+    regions_px = np.array([[0, 0, 10, 10], [5, 5, 15, 15], [20, 20, 30, 30]], dtype=float)
+    obj = [0, 0, 10, 10]
+    np.testing.assert_allclose(region_box_overlap(regions_px, obj), [1.0, 0.25, 0.0])  # 25 of 100 px
+    assert region_centres_in_box(regions_px, obj).tolist() == [True, False, False]  # (10, 10) is outside
+    gfile = {"kind": "image", "word_classes": {"colour": ["red"]},
+             "items": {"1": {"size": [40, 40], "objects": [{"box": obj, "words": ["red"]}]}}}
+    attention = np.array([[1 / 3] * 3, [0.2, 0.5, 0.3], [1 / 3] * 3])  # "red" looks mostly at region 1
+    got = evaluate_grounding({"1": (["a", "red", "ball"], attention)}, gfile, kind="image",
+                             boxes={"1": regions_px}, valid={"1": 3})
+    assert got["words_evaluated"] == 1
+    assert got["attention_in_object"] == pytest.approx(0.2 * 1 + 0.5 * 0.25)
+    assert got["pointing_accuracy"] == 0.0  # region 1's centre (10, 10) is outside [0, 10)
+    assert got["chance_attention_in_object"] == pytest.approx(1.25 / 3)
+    assert got["chance_pointing_accuracy"] == pytest.approx(1 / 3)
+    # boxes recorded in an 80 x 80 version of the 40 x 40 image are scaled into it first
+    scaled = evaluate_grounding({"1": (["a", "red", "ball"], attention)}, gfile, kind="image",
+                                boxes={"1": regions_px * 2}, image_sizes={"1": (80, 80)}, valid={"1": 3})
+    assert scaled["attention_in_object"] == pytest.approx(got["attention_in_object"])
+
+
+def region_result(boxes: bool = True, image: bool = False):
+    f, b, (w, h) = regions(1, n=4)
+    att = np.array([[0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7]])
+    pixels = np.full((h, w, 3), 200, np.uint8) if image else None
+    return CaptionResult("1.jpg", "image", caption="red ball", tokens=["red", "ball"], attention=att,
+                         attention_shape=[4], boxes=b if boxes else None, image_size=[w, h] if boxes else None,
+                         image=pixels, score=-1.0)
+
+
+def test_region_figures_and_captions_json(tmp_path: Path) -> None:
+    for image in (False, True):  # a gray canvas of the image's size without the file, else the image
+        fig = build_result_figure(region_result(image=image))
+        assert len([ax for ax in fig.axes if ax.get_visible()]) == 3  # the input and one panel per word
+        word = fig.axes[1]
+        assert len(word.patches) >= 1 and word.patches[-1].get_edgecolor()[:3] == (0.0, 229 / 255, 1.0)
+    matrix = build_result_figure(region_result(boxes=False))  # regions without boxes: words x regions
+    assert matrix.axes[0].get_images()[0].get_array().shape == (2, 4)
+    assert attention_image(region_result(), dpi=30).ndim == 3
+    path = plot_result(region_result(), tmp_path / "fig.png")
+    assert path.stat().st_size > 1000
+    entry = result_entry(region_result(), "figures/0000_1.png")
+    assert entry["attention_shape"] == [4] and len(entry["boxes"]) == 4 and entry["image_size"] == [65, 49]
+    assert captions_errors([entry]) == [] and captions_errors([entry], use_jsonschema=False) == []
+    for broken, message in (({"boxes": entry["boxes"][:3]}, "3 boxes but attention_shape [4]"),
+                            ({"attention_shape": [2, 2]}, None), ({"kind": "video", "frame_indices": [0] * 4}, None)):
+        for schema in (True, False):
+            errs = captions_errors([{**entry, **broken}], use_jsonschema=schema)
+            assert errs and (message is None or any(message in e for e in errs)), (broken, schema, errs)
+
+
+def test_position_codes_refuse_regions_and_imported_features_refuse_what_needs_their_network(
+        tmp_path: Path) -> None:
+    meta = {**BOX_META, "imported": {"format": "bottom_up_tsv"}}
+    with pytest.raises(ConfigError, match="which region features have not; set model.position_code=none"):
+        build_decoder({"name": "lstm", "variant": "soft_attention", "position_code": "sinusoidal"}, 10, D,
+                      layout_from_meta(meta))
+    build_decoder({"name": "lstm", "variant": "soft_attention", "position_code": "none"}, 10, D,
+                  layout_from_meta(meta))
+    with pytest.raises(CheckpointError, match="features were imported .* caption the stored features"):
+        encoder_config(meta, "run.ckpt")

@@ -64,8 +64,11 @@ class CaptionResult:
     ``attention_shape = [K]``, the frames' numbers in ``frame_indices``); row ``t`` holds the
     weights used to emit ``tokens[t]``.  ``has_attention`` is False for models without
     attention (uniform weights are reported).  ``image``: the crop the model saw, uint8
-    ``[S, S, 3]`` or ``[K, S, S, 3]`` (None for features given without pixels).  An input that
-    failed has ``error`` (one line) and no caption.
+    ``[S, S, 3]`` or ``[K, S, S, 3]`` (None for features given without pixels).  Image regions
+    (features imported from a detector, ``captioning-import``): ``attention`` [T, n] over the n
+    real regions, ``attention_shape = [n]``, ``boxes`` [n, 4] their pixel boxes (x1, y1, x2, y2)
+    in an image of ``image_size`` (W, H) when the store has them, ``image`` the whole image.  An
+    input that failed has ``error`` (one line) and no caption.
     """
 
     input: str
@@ -83,6 +86,8 @@ class CaptionResult:
     image: np.ndarray | None = field(default=None, repr=False)
     path: str | None = None
     error: str | None = None
+    boxes: np.ndarray | None = field(default=None, repr=False)
+    image_size: list[int] | None = None
 
     @property
     def ok(self) -> bool:
@@ -150,7 +155,9 @@ class Captioner:
         self.kind: str = self.feature_meta.get("kind", "image")
         grid = self.feature_meta.get("grid")
         self.grid: tuple[int, int] | None = (int(grid[0]), int(grid[1])) if grid else None
-        if self.kind == "image" and self.grid is None:
+        # image regions (imported detector features): no grid, attention is per region
+        self.regions = self.kind == "image" and self.grid is None and bool(self.feature_meta.get("regions"))
+        if self.kind == "image" and self.grid is None and not self.regions:
             raise CheckpointError("image features without a grid in the checkpoint's feature_meta")
 
         video = stream_metas(self.feature_meta)[0].get("settings", {}).get("video") or {}
@@ -242,13 +249,17 @@ class Captioner:
     def caption_features(self, features: Any, valid: Sequence[int] | None = None, *,
                          frame_indices: Sequence[Sequence[int] | None] | None = None,
                          images: Sequence[np.ndarray | None] | None = None, names: Sequence[str] | None = None,
+                         boxes: Sequence[np.ndarray | None] | None = None,
+                         image_sizes: Sequence[Sequence[int] | None] | None = None,
                          batch_size: int = 64, decode: BeamConfig | None = None,
                          **options: Any) -> list[CaptionResult]:
         """Caption precomputed features: ``[B, N, C]`` (tensor or array, or B arrays ``[N, C]``).
 
         valid: real positions per item (the first ``valid[b]``; default all N); frame_indices:
         per video, its K frame numbers; images: per item the pixels for figures ([S,S,3] or
-        [K,S,S,3] uint8); names: the results' ``input`` (default ``features[b]``).
+        [K,S,S,3] uint8; image regions: the whole image); names: the results' ``input`` (default
+        ``features[b]``); boxes / image_sizes: per item of a region model, the [>= valid, 4] pixel
+        boxes of its regions and (W, H) of its image, for the figures.
         """
 
         cfg = beam_config(decode, **options)
@@ -263,16 +274,21 @@ class Captioner:
         names = [f"features[{b}]" for b in range(n)] if names is None else [str(s) for s in names]
         frames = list(frame_indices) if frame_indices is not None else [None] * n
         pics = list(images) if images is not None else [None] * n
-        if not len(valid) == len(names) == len(frames) == len(pics) == n:
-            raise ConfigError(f"caption_features: {n} feature sets but valid/names/frame_indices/images of "
-                              f"other lengths")
+        boxes = list(boxes) if boxes is not None else [None] * n
+        sizes = list(image_sizes) if image_sizes is not None else [None] * n
+        if not len(valid) == len(names) == len(frames) == len(pics) == len(boxes) == len(sizes) == n:
+            raise ConfigError(f"caption_features: {n} feature sets but valid/names/frame_indices/images/boxes/"
+                              f"image_sizes of other lengths")
         if any(not 1 <= v <= (x[0].shape[0] if x else 0) for v in valid):
             raise DataError(f"valid={valid} must be between 1 and N for every item")
         out: list[CaptionResult] = []
         for start in range(0, n, batch_size):
             part = range(start, min(n, start + batch_size))
             feats = [Featurized(names[b], "", features=x[b], valid=valid[b],
-                                frame_indices=None if frames[b] is None else tuple(frames[b])) for b in part]
+                                frame_indices=None if frames[b] is None else tuple(frames[b]),
+                                boxes=None if boxes[b] is None else np.asarray(boxes[b], dtype=np.float32),
+                                image_size=None if sizes[b] is None else (int(sizes[b][0]), int(sizes[b][1])))
+                     for b in part]
             for b, r in zip(part, self._decode(feats, cfg), strict=True):
                 r.input = names[b]
                 r.image = None if pics[b] is None else np.asarray(pics[b], dtype=np.uint8)
@@ -315,11 +331,15 @@ class Captioner:
             for i in range(start, min(len(found), start + batch_size)):
                 item = store[ids[i]]
                 f = Featurized(str(i), found[i].path or "", features=torch.from_numpy(np.array(item.features)),
-                               valid=int(item.valid), frame_indices=item.frame_indices)
+                               valid=int(item.valid), frame_indices=item.frame_indices,
+                               boxes=None if item.boxes is None else np.array(item.boxes), image_size=item.image_size)
                 try:
                     f.pixels = display_crop(self.feature_meta, f.path, item.frame_indices)
                 except Exception as e:  # the caption needs no media, but the figure does
-                    f = Featurized(f.item_id, f.path, error=f"cannot draw the figure: {error_line(e)}")
+                    if not stream_metas(self.feature_meta)[0].get("imported"):
+                        f = Featurized(f.item_id, f.path, error=f"cannot draw the figure: {error_line(e)}")
+                    else:  # features made elsewhere often come without their media: drawn on gray
+                        log.info("%s: no image for the figure (%s); drawn on gray", f.path, error_line(e))
                 out.append((i, f))
             yield out
 
@@ -377,7 +397,12 @@ class Captioner:
                               has_attention=h.attention is not None, hard_attention=self.hard_attention,
                               nbest=[(" ".join(itos[t] for t in x.tokens), float(x.score)) for x in hyps]
                               if len(hyps) > 1 else [])
-            if self.kind == "image":
+            if self.regions:  # the real regions only, with their boxes when known
+                n_real = int(f.valid)
+                r.attention, r.attention_shape = att[:, :n_real], [n_real]
+                r.boxes = None if f.boxes is None else np.asarray(f.boxes[:n_real], dtype=np.float64)
+                r.image_size = None if f.image_size is None else [int(s) for s in f.image_size]
+            elif self.kind == "image":
                 assert self.grid is not None
                 r.attention, r.attention_shape = att, list(self.grid)
             else:

@@ -5,7 +5,7 @@
     captioning-import data=msrvtt format=hdf5 source=data/msrvtt_features.h5 name=resnet152_msrvtt max_regions=40
 
 The job is ``captioning.features.importing.import_features``.  Training then reads the store with
-``encoder=<name>`` (or ``features_dir=``).  Corrupt or inconsistent records are recorded in the
+``features_dir=<the store>`` (default ``${data.root}/features/<name>``).  Corrupt or inconsistent records are recorded in the
 store's failures and the exit status is 1; configuration errors exit with status 2.
 """
 

@@ -23,6 +23,9 @@ original image into that frame.  ``Geometry()`` (or ``None``) means the grid cov
 original image (identity when the image already is the network input).
 Videos: positions are frames (``pooled`` features, N = K) or frame-major cells (``grid``
 features, N = K*h*w; the cells of a frame are summed).
+Image regions (detector boxes, ``captioning-import``): the positions are boxes in the original
+image's pixels instead of cells: attention-in-object sums ``alpha * fraction of the region's box
+inside the object's box``, pointing asks whether the argmax region's box centre is in it.
 """
 
 from __future__ import annotations
@@ -151,6 +154,25 @@ def cell_centres_in_box(grid: Sequence[int], image_size: Sequence[int], box: Seq
     inside_x = (cx >= x0) & (cx < x1)
     inside_y = (cy >= y0) & (cy < y1)
     return np.outer(inside_y, inside_x).reshape(-1)
+
+
+def region_box_overlap(regions: np.ndarray, box: Sequence[float]) -> np.ndarray:
+    """Fraction of each region box's area inside ``box``: float64 [n]; regions [n, 4] and box
+    [x0, y0, x1, y1] in the same pixels.  A region of no area counts 1 when its point is inside."""
+    r = np.asarray(regions, dtype=np.float64).reshape(-1, 4)
+    x0, y0, x1, y1 = (float(v) for v in box)
+    w = np.clip(np.minimum(r[:, 2], x1) - np.maximum(r[:, 0], x0), 0.0, None)
+    h = np.clip(np.minimum(r[:, 3], y1) - np.maximum(r[:, 1], y0), 0.0, None)
+    area = (r[:, 2] - r[:, 0]) * (r[:, 3] - r[:, 1])
+    point = ((r[:, 0] >= x0) & (r[:, 0] < x1) & (r[:, 1] >= y0) & (r[:, 1] < y1)).astype(np.float64)
+    return np.where(area > 0, w * h / np.where(area > 0, area, 1.0), point)
+
+
+def region_centres_in_box(regions: np.ndarray, box: Sequence[float]) -> np.ndarray:
+    """bool [n]: whether each region box's centre lies inside ``box`` (half-open)."""
+    r = np.asarray(regions, dtype=np.float64).reshape(-1, 4)
+    cx, cy = (r[:, 0] + r[:, 2]) / 2, (r[:, 1] + r[:, 3]) / 2
+    return (cx >= box[0]) & (cx < box[2]) & (cy >= box[1]) & (cy < box[3])
 
 
 def _normalised(alpha: np.ndarray, valid: int | None = None) -> np.ndarray:
@@ -341,6 +363,8 @@ def evaluate_grounding(
     geometry: Geometry | Mapping[str, Any] | None = None,
     valid: Mapping[Any, int] | None = None,
     word_classes: Mapping[str, Sequence[str]] | None = None,
+    boxes: Mapping[Any, Any] | None = None,
+    image_sizes: Mapping[Any, Sequence[int]] | None = None,
 ) -> dict[str, Any]:
     """Attention grounding of decoded captions against a loaded ``grounding.json``.
 
@@ -351,7 +375,9 @@ def evaluate_grounding(
     as the FeatureStore counts them (padded video frames are ignored; default: all).
     ``geometry``: image preprocessing (:class:`Geometry` or a preprocessing dict; None: identity).
     ``word_classes``: class -> words to evaluate (default: the file's top-level ``word_classes``,
-    :func:`word_classes_of`; a clear error when it has none).
+    :func:`word_classes_of`; a clear error when it has none).  ``boxes``: key -> [n, 4] pixel boxes
+    of the n valid regions, for image regions instead of a ``grid``; ``image_sizes``: key -> (W, H)
+    they lie in (default: the grounding file's size of the image).
 
     Returns ``attention_in_object``, ``pointing_accuracy``, their ``chance_*`` levels (None when
     no word was evaluated), the word counts, ``items``, ``items_missing`` and ``by_class`` /
@@ -365,8 +391,9 @@ def evaluate_grounding(
     items = grounding.get("items")
     if not isinstance(items, Mapping):
         raise DataError("grounding file has no 'items' mapping; regenerate the synthetic dataset")
-    if kind == "image" and grid is None:
-        raise ConfigError("image grounding needs grid=(h, w) of the attention cells (FeatureStore meta 'grid')")
+    if kind == "image" and grid is None and boxes is None:
+        raise ConfigError("image grounding needs grid=(h, w) of the attention cells (FeatureStore meta 'grid') "
+                          "or the boxes of the attended regions")
     if kind == "video" and frame_indices is None:
         raise ConfigError("video grounding needs frame_indices (the sampled source frames per video)")
     geom = _as_geometry(geometry)
@@ -389,7 +416,10 @@ def evaluate_grounding(
         tokens = [str(t) for t in tokens]
         alpha = _item_attention(tokens, attention, key)
         objects = entry.get("objects" if kind == "image" else "events") or []
-        if kind == "image":
+        if kind == "image" and boxes is not None:
+            regions = _box_regions(entry, objects, boxes.get(raw_key, boxes.get(key)),
+                                   (image_sizes or {}).get(raw_key, (image_sizes or {}).get(key)), key)
+        elif kind == "image":
             regions = _image_regions(entry, objects, grid, geom, alpha.shape[1], nvalid.get(key), key)
         else:
             regions = _video_regions(objects, fidx.get(key), alpha.shape[1], nvalid.get(key), grid, key)
@@ -461,6 +491,25 @@ def _image_regions(entry: Mapping[str, Any], objects: Sequence[Mapping[str, Any]
         overlap = cell_box_overlap(grid, size, o["box"], geom)
         inside = cell_centres_in_box(grid, size, o["box"], geom)
         out.append(_Region(overlap, inside) if overlap.sum() > 0 else None)
+    return out
+
+
+def _box_regions(entry: Mapping[str, Any], objects: Sequence[Mapping[str, Any]], boxes: Any,
+                 boxes_size: Sequence[int] | None, key: str) -> list[_Region | None]:
+    """Each object among the valid region boxes (moved from ``boxes_size`` to the file's image size)."""
+    size = entry.get("size")
+    if not size or len(size) != 2:
+        raise DataError(f"grounding file: item {key} has no 'size': [W, H]; regenerate the dataset")
+    if boxes is None:
+        raise DataError(f"grounding: item {key} has no region boxes")
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    if boxes_size is not None:
+        sx, sy = float(size[0]) / float(boxes_size[0]), float(size[1]) / float(boxes_size[1])
+        b = b * np.array([sx, sy, sx, sy])
+    out: list[_Region | None] = []
+    for o in objects:
+        weight = region_box_overlap(b, o["box"])
+        out.append(_Region(weight, region_centres_in_box(b, o["box"])) if weight.sum() > 0 else None)
     return out
 
 

@@ -28,7 +28,7 @@ import torch
 from captioning.config import unknown_keys
 from captioning.data.media import load_image
 from captioning.data.video import read_frames
-from captioning.errors import CheckpointError
+from captioning.errors import CheckpointError, DataError
 from captioning.features.backbones import Backbone, EncoderConfig, Preprocessing
 from captioning.features.encoders import build_encoder
 from captioning.features.extract import (
@@ -48,7 +48,9 @@ class Featurized:
 
     features: [N, C] in the store dtype (CPU); valid: real positions; frame_indices: K sampled
     frame numbers (videos); pixels: uint8 [3,S,S] (image) or [K,3,S,S] (frames), the crop the
-    backbone saw.  ``error`` is set (and the rest empty) when the file could not be used.
+    backbone saw (imported region features: the whole image); boxes: [N, 4] pixel boxes of image
+    regions and image_size (W, H) of their image, when the store has them.  ``error`` is set (and
+    the rest empty) when the file could not be used.
     """
 
     item_id: str
@@ -58,12 +60,20 @@ class Featurized:
     frame_indices: tuple[int, ...] | None = None
     pixels: torch.Tensor | None = None
     error: str | None = None
+    boxes: np.ndarray | None = None
+    image_size: tuple[int, int] | None = None
 
 
 def encoder_config(meta: Mapping[str, Any], source: str | Path) -> EncoderConfig:
     """The ``EncoderConfig`` the features of ``meta`` were extracted with (``meta["encoder"]``)."""
 
     enc = meta.get("encoder")
+    if meta.get("imported"):
+        raise CheckpointError(
+            f"{source}: its features were imported (captioning-import, format={meta['imported'].get('format')}), "
+            f"made by a network this code does not have: it cannot compute them for new media; caption the "
+            f"stored features (store_split=<split>) or your own features (Captioner.caption_features)"
+        )
     if meta.get("streams"):
         raise CheckpointError(f"{source}: its features join {len(meta['streams'])} feature streams; rebuild "
                               f"every stream's encoder (rebuild_backbones), not one")
@@ -213,9 +223,17 @@ def display_crop(meta: Mapping[str, Any], path: str | Path,
     """The pixels behind stored features: the recorded resize/crop applied to the media file again.
 
     -> uint8 [3,S,S] (image) or [K,3,S,S] (the ``frame_indices`` frames of a video); two-stream
-    features: the first stream's crop.
+    features: the first stream's crop.  Imported image features (``captioning-import``): the whole
+    image, which their boxes (or grid) lie in; imported video features record no frame sampling
+    (a DataError).
     """
 
+    imported = stream_metas(meta)[0].get("imported")
+    if imported and meta["kind"] == "image":
+        return torch.from_numpy(np.array(load_image(path, max_side=None))).permute(2, 0, 1)
+    if imported:
+        raise DataError(f"imported video features ({imported.get('format')}) record no frame numbers to read "
+                        f"from {path}")
     pre = stored_preprocessing(meta)
     if meta["kind"] == "image":
         return pre(torch.from_numpy(np.array(load_image(path))).permute(2, 0, 1))

@@ -25,11 +25,7 @@ from pytorch_lightning.callbacks import ProgressBar
 from captioning.caption.api import Captioner
 from captioning.errors import ConfigError
 from captioning.features.featurize import display_crop
-from captioning.viz.heatmaps import (
-    brightest_cell,
-    build_image_attention_figure,
-    build_video_attention_figure,
-)
+from captioning.viz.heatmaps import build_result_figure
 
 __all__ = ["AttentionImages", "LineProgress", "attention_image", "log_images", "progress_bar"]
 
@@ -156,22 +152,11 @@ def takes_images(logger: Any) -> bool:
 
 def attention_image(result: Any, *, title: str | None = None, dpi: int = 50) -> np.ndarray:
     """The attention figure of one ``captioning.caption.api.CaptionResult`` as an [H, W, 3] uint8 array:
-    an image's crop then one heatmap per word, or a video's frame strip above the words x frames
-    alignment; drawn on gray where the result has no pixels."""
+    an image's crop then one heatmap per word (image regions: their boxes shaded), or a video's frame
+    strip above the words x frames alignment; drawn on gray where the result has no pixels."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-
-    att = np.asarray(result.attention, dtype=np.float64)
-    title = result.caption if title is None else title
-    if result.kind == "image":
-        grid = (int(result.attention_shape[0]), int(result.attention_shape[1]))
-        image = result.image if result.image is not None else np.full((224, 224, 3), 128, np.uint8)
-        points = [brightest_cell(row, grid) for row in att] if result.hard_attention else None
-        fig = build_image_attention_figure(image, result.tokens, att, grid, hard_points=points, title=title)
-    else:
-        frames = result.image if result.image is not None else np.full((att.shape[1], 64, 64, 3), 128, np.uint8)
-        fig, _ = build_video_attention_figure(frames, result.tokens, att, result.frame_indices,
-                                              hard=result.hard_attention, title=title)
+    fig = build_result_figure(result, title=result.caption if title is None else title)
     fig.set_dpi(dpi)
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
@@ -216,6 +201,7 @@ class AttentionImages(pl.Callback):
             results = Captioner(pl_module, device=device).caption_features(
                 [np.array(s.features) for s in stored], [s.valid for s in stored], frame_indices=[s.frame_indices for s in stored],
                 images=self._pixels, names=[r.item_id for r in records], decode=pl_module.decode_cfg,
+                boxes=[s.boxes for s in stored], image_sizes=[s.image_size for s in stored],
             )
         captions = [f"{r.caption}  (reference: {val.references[i][0]})" for i, r in enumerate(results)]
         images = [attention_image(r, title=c, dpi=self.dpi) for r, c in zip(results, captions, strict=True)]

@@ -305,6 +305,9 @@ def finetune_data(cfg: Any, splits: dict, store: Any, vocab: Vocabulary) -> tupl
                           " then run stage=scst from that checkpoint")
     if cfg.data.kind != "image":
         raise ConfigError(f"finetune.enabled=true needs an image dataset; data={cfg.data.name} is '{cfg.data.kind}'")
+    if store.meta.get("imported"):
+        raise ConfigError(f"finetune.enabled=true needs the encoder of the features, but {store.root} holds imported "
+                          f"features (captioning-import): fine-tune on features from captioning-extract")
     meta = finetuned_meta(store.meta, cfg.finetune)
     dm = ImageCaptionDataModule(
         splits, store, vocab, media_dir=cfg.data.media_dir, preprocessing=stored_preprocessing(store.meta),

@@ -8,9 +8,11 @@
      "figure": "figures/0000_cat.png"}
 
 ``attention[i]`` holds the weights used to emit ``tokens[i]``: for an image, the row-major flattened
-``H x W`` feature grid (``attention_shape = [H, W]``); for a video, one weight per sampled frame
-(``attention_shape = [K]``) with the original frame numbers in ``frame_indices``. A failed input is
-``{"input": ..., "kind": ..., "error": "one line"}`` (other keys optional).
+``H x W`` feature grid (``attention_shape = [H, W]``), or for image regions (imported detector
+features) one weight per region (``attention_shape = [n]``) with, when known, their pixel ``boxes``
+``[[x1, y1, x2, y2], ...]`` and the ``image_size`` ``[W, H]`` they lie in; for a video, one weight per
+sampled frame (``attention_shape = [K]``) with the original frame numbers in ``frame_indices``. A
+failed input is ``{"input": ..., "kind": ..., "error": "one line"}`` (other keys optional).
 
 ``write_gallery`` turns captions (``captioning.caption.api.CaptionResult``) into the output folder of
 ``captioning-caption``: ``figures/<NNNN>_<name>.png``, ``captions.json`` and ``index.html``.
@@ -81,6 +83,16 @@ CAPTIONS_SCHEMA: dict[str, Any] = {
                     "maxItems": 2,
                 },
                 "frame_indices": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                "boxes": {
+                    "type": "array",
+                    "items": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4},
+                },
+                "image_size": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 1},
+                    "minItems": 2,
+                    "maxItems": 2,
+                },
                 "figure": {"type": "string", "minLength": 1},
                 "error": {"type": "string", "minLength": 1},
             },
@@ -89,11 +101,18 @@ CAPTIONS_SCHEMA: dict[str, Any] = {
                     "if": {"not": {"required": ["error"]}},
                     "then": {"required": _SUCCESS_KEYS},
                 },
-                {  # image attention is a 2-D grid; frame indices make no sense
+                {  # image attention is a 2-D grid or 1-D over regions; frame indices make no sense
                     "if": {"required": ["kind"], "properties": {"kind": {"const": "image"}}},
                     "then": {
-                        "properties": {"attention_shape": {"minItems": 2, "maxItems": 2}},
+                        "properties": {"attention_shape": {"minItems": 1, "maxItems": 2}},
                         "not": {"required": ["frame_indices"]},
+                    },
+                },
+                {  # boxes are image regions: one per weight of a 1-D attention
+                    "if": {"anyOf": [{"required": ["boxes"]}, {"required": ["image_size"]}]},
+                    "then": {
+                        "properties": {"kind": {"const": "image"},
+                                       "attention_shape": {"minItems": 1, "maxItems": 1}},
                     },
                 },
                 {  # video attention is one weight per sampled frame, whose numbers are listed
@@ -239,7 +258,7 @@ def _structure_errors_fallback(entry: Any) -> list[str]:
             errs.append("'attention' weights must be numbers >= 0")
     if "attention_shape" in entry:
         s = entry["attention_shape"]
-        lo, hi = {"image": (2, 2), "video": (1, 1)}.get(kind, (1, 2))
+        lo, hi = {"image": (1, 2), "video": (1, 1)}.get(kind, (1, 2))
         if not isinstance(s, list) or not all(_is_int(x) and x >= 1 for x in s):
             errs.append("'attention_shape' must be a list of positive integers")
         elif not lo <= len(s) <= hi:
@@ -254,6 +273,25 @@ def _structure_errors_fallback(entry: Any) -> list[str]:
             errs.append("'frame_indices' is only allowed for video entries")
     elif kind == "video" and not has_error:
         errs.append("missing required key 'frame_indices' (video)")
+    errs += _region_structure_errors(entry)
+    return errs
+
+
+def _region_structure_errors(entry: Mapping[str, Any]) -> list[str]:
+    """The fallback's checks of ``boxes`` / ``image_size`` (image regions only)."""
+    errs: list[str] = []
+    if "boxes" in entry:
+        b = entry["boxes"]
+        if not isinstance(b, list) or not all(isinstance(r, list) and len(r) == 4 and all(map(_is_number, r))
+                                              for r in b):
+            errs.append("'boxes' must be a list of [x1, y1, x2, y2] numbers")
+    if "image_size" in entry:
+        s = entry["image_size"]
+        if not isinstance(s, list) or len(s) != 2 or not all(_is_int(x) and x >= 1 for x in s):
+            errs.append("'image_size' must be [W, H] (positive integers)")
+    if ("boxes" in entry or "image_size" in entry) and (
+            entry.get("kind") != "image" or len(entry.get("attention_shape") or [0, 0]) != 1):
+        errs.append("'boxes' / 'image_size' belong to image entries with a 1-D attention_shape (regions)")
     return errs
 
 
@@ -306,6 +344,11 @@ def _semantic_errors(entry: Mapping[str, Any]) -> list[str]:
         errs.append(
             f"{len(entry['frame_indices'])} frame_indices but attention_shape {shape} has {shape[0]} frames"
         )
+    boxes = entry.get("boxes")
+    if boxes is not None and len(boxes) != shape[0]:
+        errs.append(f"{len(boxes)} boxes but attention_shape {shape} has {shape[0]} regions")
+    if boxes is not None and any(b[2] < b[0] or b[3] < b[1] for b in boxes):
+        errs.append("a box has x2 < x1 or y2 < y1 (boxes are [x1, y1, x2, y2])")
     return errs
 
 
@@ -517,6 +560,11 @@ def result_entry(result: Any, figure: str) -> dict[str, Any]:
     extra: dict[str, Any] = {"score": round(float(result.score), 4)}
     if not result.has_attention:
         extra["attention_note"] = "the model has no attention: uniform weights over the features"
+    if result.kind == "image" and len(result.attention_shape) == 1:  # image regions, boxes when known
+        if result.boxes is not None:
+            extra["boxes"] = [[round(float(v), 2) for v in box] for box in np.asarray(result.boxes)]
+        if result.image_size is not None:
+            extra["image_size"] = [int(s) for s in result.image_size]
     if result.kind == "image":
         return make_entry(result.input, result.tokens, result.attention, kind="image", figure=figure,
                           attention_shape=list(result.attention_shape), **extra)

@@ -41,6 +41,11 @@ __all__ = [
     "image_attention_figure",
     "build_video_attention_figure",
     "video_attention_figure",
+    "box_heat",
+    "scale_boxes",
+    "build_box_attention_figure",
+    "build_region_matrix_figure",
+    "build_result_figure",
     "plot_result",
 ]
 
@@ -51,6 +56,7 @@ MAX_STRIP_FRAMES = 16
 HIGHLIGHT_OVERALL = "#e8132a"  # red: the frame with the most attention over the whole caption
 HIGHLIGHT_WORD = "#ff9f1c"  # orange: a frame that is the argmax for at least one word
 MARKER_COLOR = "#00e5ff"  # cyan: hard-attention locations on the image panels
+BOX_COLOR = "#ffffff"  # white: box outlines, opacity = the box's weight / the word's largest weight
 
 
 # ----------------------------------------------------------------------------------------------
@@ -280,6 +286,36 @@ def _blend(
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 
+def box_heat(weights: np.ndarray, boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Attention over boxes as a map: each pixel holds the summed weight of the boxes covering it.
+
+    weights: [n]; boxes: [n, 4] (x1, y1, x2, y2) in the pixels of an image of ``size`` = (H, W);
+    pixel (r, c) lies in a box when its centre (c + .5, r + .5) does (x1 <= c + .5 < x2, same in
+    y).  Summed-area construction: O(n + H W).  Returns float64 [H, W].
+    """
+    H, W = int(size[0]), int(size[1])
+    w = np.nan_to_num(np.asarray(weights, dtype=np.float64).reshape(-1))
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    if len(w) != len(b):
+        raise ValueError(f"{len(w)} weights but {len(b)} boxes")
+    c0 = np.clip(np.ceil(b[:, 0] - 0.5), 0, W).astype(int)  # first pixel column whose centre is >= x1
+    c1 = np.clip(np.ceil(b[:, 2] - 0.5), 0, W).astype(int)  # first column past the box
+    r0 = np.clip(np.ceil(b[:, 1] - 0.5), 0, H).astype(int)
+    r1 = np.clip(np.ceil(b[:, 3] - 0.5), 0, H).astype(int)
+    corners = np.zeros((H + 1, W + 1))
+    np.add.at(corners, (r0, c0), w)
+    np.add.at(corners, (r0, c1), -w)
+    np.add.at(corners, (r1, c0), -w)
+    np.add.at(corners, (r1, c1), w)
+    return corners.cumsum(0).cumsum(1)[:H, :W]
+
+
+def scale_boxes(boxes: np.ndarray, frm: tuple[int, int], to: tuple[int, int]) -> np.ndarray:
+    """Pixel boxes [n, 4] of an image of ``frm`` = (W, H) in the pixels of the same image resized to ``to``."""
+    sx, sy = to[0] / max(frm[0], 1), to[1] / max(frm[1], 1)
+    return np.asarray(boxes, dtype=np.float64) * np.array([sx, sy, sx, sy])
+
+
 # ----------------------------------------------------------------------------------------------
 # figures
 # ----------------------------------------------------------------------------------------------
@@ -369,25 +405,7 @@ def build_image_attention_figure(
         heats = [np.clip(u / max(vmax, 1e-12), 0.0, 1.0) for u in ups]
     else:
         heats = [_normalise(u) for u in ups]
-    n_panels = len(tokens) + 1
-    ncols = max(1, min(panels_per_row, n_panels))
-    nrows = math.ceil(n_panels / ncols)
-    aspect = H / W
-    panel_w = PANEL_INCHES
-    panel_h = PANEL_INCHES * min(max(aspect, 0.5), 2.0)
-    title_text = _caption_title(title, tokens, width=int(ncols * 18))
-    title_lines = title_text.count("\n") + 1
-    fig_w = ncols * panel_w + 0.3
-    fig_h = nrows * (panel_h + 0.45) + 0.3 * title_lines + 0.3
-    fig = Figure(figsize=(fig_w, fig_h), layout="constrained")
-    fig.get_layout_engine().set(w_pad=0.04, h_pad=0.04, wspace=0.02, hspace=0.02)
-    fig.suptitle(title_text, fontsize=14, parse_math=False)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    flat = list(axes.ravel())
-
-    ax0 = flat[0]
-    ax0.imshow(img, interpolation="bilinear")
-    ax0.set_title("input", fontsize=13, style="italic", parse_math=False)
+    fig, flat = _word_panels(img, tokens, title, panels_per_row)
     for i, tok in enumerate(tokens):
         ax = flat[i + 1]
         ax.imshow(
@@ -406,6 +424,28 @@ def build_image_attention_figure(
                 markeredgewidth=2.5,
             )
             ax.plot([x], [y], marker="+", markersize=11, color=MARKER_COLOR, markeredgewidth=2.0)
+    return fig
+
+
+def _word_panels(img: np.ndarray, tokens: Sequence[str], title: str | None,
+                 panels_per_row: int = PANELS_PER_ROW) -> tuple[Figure, list[Any]]:
+    """A figure of panels over ``img`` [H, W, 3]: the input (drawn), then one per word (left for the
+    caller), ``panels_per_row`` a row; returns (fig, axes in order)."""
+    H, W = img.shape[:2]
+    n_panels = len(tokens) + 1
+    ncols = max(1, min(panels_per_row, n_panels))
+    nrows = math.ceil(n_panels / ncols)
+    panel_h = PANEL_INCHES * min(max(H / W, 0.5), 2.0)
+    title_text = _caption_title(title, tokens, width=int(ncols * 18))
+    title_lines = title_text.count("\n") + 1
+    fig_w = ncols * PANEL_INCHES + 0.3
+    fig_h = nrows * (panel_h + 0.45) + 0.3 * title_lines + 0.3
+    fig = Figure(figsize=(fig_w, fig_h), layout="constrained")
+    fig.get_layout_engine().set(w_pad=0.04, h_pad=0.04, wspace=0.02, hspace=0.02)
+    fig.suptitle(title_text, fontsize=14, parse_math=False)
+    flat = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    flat[0].imshow(img, interpolation="bilinear")
+    flat[0].set_title("input", fontsize=13, style="italic", parse_math=False)
     for ax in flat:
         ax.set_xticks([])
         ax.set_yticks([])
@@ -413,7 +453,7 @@ def build_image_attention_figure(
         ax.set_ylim(H - 0.5, -0.5)
     for ax in flat[n_panels:]:
         ax.set_visible(False)
-    return fig
+    return fig, flat
 
 
 def image_attention_figure(
@@ -447,6 +487,102 @@ def image_attention_figure(
         normalise=normalise,
     )
     return _save(fig, out_path, dpi)
+
+
+def _region_canvas(image: np.ndarray | None, boxes: np.ndarray, image_size: Sequence[int] | None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(the image the boxes lie in at display size, the boxes [n, 4] in its pixels).  Without the
+    image: a gray canvas of ``image_size`` (W, H), else of the boxes' extent."""
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    if image_size is not None:
+        frm = (int(image_size[0]), int(image_size[1]))
+    elif image is not None:
+        frm = (int(image.shape[1]), int(image.shape[0]))
+    else:
+        frm = (max(1, math.ceil(b[:, 2].max(initial=1.0))), max(1, math.ceil(b[:, 3].max(initial=1.0))))
+    if image is None:
+        scale = min(1.0, MAX_DISPLAY_SIDE / max(frm))
+        img = np.full((max(1, round(frm[1] * scale)), max(1, round(frm[0] * scale)), 3), 128, np.uint8)
+    else:
+        img = _display_image(image)
+    return img, scale_boxes(b, frm, (img.shape[1], img.shape[0]))
+
+
+def _box(ax: Any, box: Sequence[float], **style: Any) -> None:
+    x1, y1, x2, y2 = (float(v) for v in box)
+    ax.add_patch(Rectangle((x1 - 0.5, y1 - 0.5), x2 - x1, y2 - y1, fill=False, **style))
+
+
+def build_box_attention_figure(
+    image: np.ndarray | None,
+    tokens: Sequence[str],
+    attention: np.ndarray,
+    boxes: np.ndarray,
+    *,
+    image_size: Sequence[int] | None = None,
+    title: str | None = None,
+    cmap: str = "jet",
+    alpha: float = 0.6,
+    normalise: str = "caption",
+    panels_per_row: int = PANELS_PER_ROW,
+) -> Figure:
+    """Build (not save) the per-word figure of attention over boxes (detector regions);
+    ``fig.axes`` is [input, word_1 .. word_T].
+
+    image: [H, W, 3] uint8 or None (a gray canvas); attention: [T, n]; boxes: [n, 4] pixel
+    (x1, y1, x2, y2) in an image of ``image_size`` = (W, H) (default: ``image``'s size).  Each
+    word's panel shades every box by its weight (``box_heat``: overlapping boxes add up) and outlines
+    the boxes with an opacity of their weight over the word's largest (the largest in cyan); the
+    input panel outlines all n boxes.  normalise: "caption" (one scale for all words) | "word".
+    """
+    if normalise not in ("caption", "word"):
+        raise ValueError(f"normalise must be 'caption' or 'word', got {normalise!r}")
+    tokens = [str(t) for t in tokens]
+    a = np.nan_to_num(np.asarray(attention, dtype=np.float64))
+    n = len(np.asarray(boxes).reshape(-1, 4))
+    if a.ndim != 2 or a.shape != (len(tokens), n):
+        raise ValueError(f"attention must be [T={len(tokens)}, n={n} boxes], got shape {list(a.shape)}")
+    img, b = _region_canvas(image, boxes, image_size)
+    H, W = img.shape[:2]
+    maps = [box_heat(row, b, (H, W)) for row in a]
+    vmax = max([float(m.max()) for m in maps], default=1.0)
+    heats = [np.clip(m / max(vmax, 1e-12), 0, 1) if normalise == "caption" else _normalise(m) for m in maps]
+    fig, flat = _word_panels(img, tokens, title, panels_per_row)
+    for box in b:
+        _box(flat[0], box, edgecolor=BOX_COLOR, linewidth=0.8, alpha=0.7)
+    for i, tok in enumerate(tokens):
+        ax = flat[i + 1]
+        ax.imshow(_blend(img, heats[i], cmap=cmap, alpha=alpha, gray_base=True), interpolation="bilinear")
+        ax.set_title(_short(tok), fontsize=13, fontweight="bold", parse_math=False)
+        top = float(a[i].max()) if n else 0.0
+        for j in np.argsort(a[i], kind="stable"):  # the heaviest drawn last (on top)
+            if top > 0 and a[i, j] >= 0.1 * top:
+                _box(ax, b[j], edgecolor=MARKER_COLOR if a[i, j] == top else BOX_COLOR,
+                     linewidth=1.0 + 1.5 * a[i, j] / top, alpha=float(a[i, j] / top))
+    return fig
+
+
+def build_region_matrix_figure(tokens: Sequence[str], attention: np.ndarray, *, title: str | None = None,
+                               cmap: str = "gray") -> Figure:
+    """Build (not save) the words x regions matrix of attention over regions without boxes:
+    attention [T, n], row t the weights used to emit ``tokens[t]``."""
+    tokens = [str(t) for t in tokens]
+    a = np.nan_to_num(np.asarray(attention, dtype=np.float64))
+    if a.ndim != 2 or a.shape[0] != len(tokens):
+        raise ValueError(f"attention must be [T={len(tokens)}, n regions], got shape {list(a.shape)}")
+    T, n = a.shape
+    fig = Figure(figsize=(max(0.3 * n + 2.5, 6.0), max(0.3 * T, 1.5) + 1.6), layout="constrained")
+    fig.suptitle(_caption_title(title, tokens, width=60), fontsize=13, parse_math=False)
+    ax = fig.subplots(1, 1)
+    im = ax.imshow(a if T else np.zeros((1, max(n, 1))), cmap=cmap, aspect="auto", interpolation="nearest",
+                   vmin=0.0, vmax=max(float(a.max()) if a.size else 1.0, 1e-12))
+    ax.set_yticks(range(T))
+    ax.set_yticklabels([_short(t, 20) for t in tokens], fontsize=11)
+    for text in ax.get_yticklabels():
+        text.set_parse_math(False)
+    ax.set_xlabel("region (the store holds no boxes to draw them)", fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.04, pad=0.01).set_label("attention weight", fontsize=10)
+    return fig
 
 
 def build_video_attention_figure(
@@ -595,24 +731,36 @@ def video_attention_figure(
     return _save(fig, out_path, dpi)
 
 
-def plot_result(result: Any, out_path: str | Path, *, dpi: int = 100) -> Path:
-    """Save the attention figure of one caption (a ``captioning.caption.api.CaptionResult``) as PNG.
+def build_result_figure(result: Any, title: str | None = None) -> Figure:
+    """Build (not save) the attention figure of one ``captioning.caption.api.CaptionResult``.
 
-    Image: the crop the model saw, then one heatmap per word over ``attention_shape`` (models with
-    argmax hard attention: the attended cell marked); video: a frame strip above the words x
-    frames alignment.  A result without pixels (features captioned directly) is drawn on gray.
-    Returns ``out_path``.
+    Image grid: the crop the model saw, then one heatmap per word over ``attention_shape`` [H, W]
+    (argmax hard attention: the attended cell marked); image regions (``attention_shape`` [n]):
+    the image with each word's weights over its boxes (``build_box_attention_figure``), or the
+    words x regions matrix when the result has no boxes; video: a frame strip above the words x
+    frames alignment.  A result without pixels is drawn on gray.  ``title``: default the caption.
     """
     if result.error is not None:
         raise ValueError(f"{result.input} has no caption to draw: {result.error}")
     att = np.asarray(result.attention, dtype=np.float64)
-    title = " ".join(result.tokens)
+    title = " ".join(result.tokens) if title is None else title
+    if result.kind == "image" and len(result.attention_shape) == 1:
+        if result.boxes is None:
+            return build_region_matrix_figure(result.tokens, att, title=title)
+        return build_box_attention_figure(result.image, result.tokens, att, result.boxes,
+                                          image_size=result.image_size, title=title)
     if result.kind == "image":
         grid = (int(result.attention_shape[0]), int(result.attention_shape[1]))
         image = result.image if result.image is not None else np.full((224, 224, 3), 128, np.uint8)
         points = [brightest_cell(row, grid) for row in att] if result.hard_attention else None
-        return image_attention_figure(image, result.tokens, att, grid, out_path, hard_points=points,
-                                      title=title, dpi=dpi)
+        return build_image_attention_figure(image, result.tokens, att, grid, hard_points=points, title=title)
     frames = result.image if result.image is not None else np.full((att.shape[1], 64, 64, 3), 128, np.uint8)
-    return video_attention_figure(frames, result.tokens, att, result.frame_indices, out_path,
-                                  hard=result.hard_attention, title=title, dpi=dpi)
+    fig, _ = build_video_attention_figure(frames, result.tokens, att, result.frame_indices,
+                                          hard=result.hard_attention, title=title)
+    return fig
+
+
+def plot_result(result: Any, out_path: str | Path, *, dpi: int = 100) -> Path:
+    """Save the attention figure of one caption (``build_result_figure``) as PNG (or JPEG/PDF/SVG
+    by the path's suffix).  Returns ``out_path``."""
+    return _save(build_result_figure(result), out_path, dpi)
