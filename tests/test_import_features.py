@@ -35,6 +35,7 @@ from captioning.features.importing import (
 from captioning.models.decoders import build_decoder
 from captioning.models.positions import layout_from_meta
 from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+from captioning.store.streams import open_features
 from captioning.train.callbacks import attention_image
 from captioning.viz.gallery import captions_errors, result_entry
 from captioning.viz.heatmaps import box_heat, build_result_figure, plot_result, scale_boxes
@@ -519,3 +520,17 @@ def test_position_codes_refuse_regions_and_imported_features_refuse_what_needs_t
                   layout_from_meta(meta))
     with pytest.raises(CheckpointError, match="features were imported .* caption the stored features"):
         encoder_config(meta, "run.ckpt")
+
+
+def test_streams_of_region_stores_keep_the_first_streams_boxes(tmp_path: Path) -> None:
+    f, b, size = regions(1, n=3)
+    with FeatureStoreWriter(tmp_path / "boxed", BOX_META) as w:
+        w.add("a", np.pad(f, ((0, 2), (0, 0))), valid=3, boxes=b, image_size=size)
+    plain = {**BOX_META, "boxes": False, "settings": {"backbone": "imported", "name": "other", "boxes": False}}
+    with FeatureStoreWriter(tmp_path / "plain", plain) as w:
+        w.add("a", np.pad(2 * f, ((0, 2), (0, 0))), valid=3)
+    both = open_features([tmp_path / "boxed", tmp_path / "plain"])
+    item = both["a"]
+    assert item.features.shape == (5, 2 * D) and item.valid == 3 and item.image_size == size
+    np.testing.assert_array_equal(item.boxes[:3], b)
+    assert both.meta["boxes"] and both.meta["regions"] and layout_from_meta(both.meta) is None

@@ -580,6 +580,7 @@ def build_region_matrix_figure(tokens: Sequence[str], attention: np.ndarray, *, 
     ax.set_yticklabels([_short(t, 20) for t in tokens], fontsize=11)
     for text in ax.get_yticklabels():
         text.set_parse_math(False)
+    ax.set_xticks(range(0, n, 1 if n <= 24 else 2))
     ax.set_xlabel("region (the store holds no boxes to draw them)", fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.04, pad=0.01).set_label("attention weight", fontsize=10)
     return fig
