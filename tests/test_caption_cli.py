@@ -370,17 +370,17 @@ def test_checkpoint_without_encoder_meta_is_refused(image_ckpt, tmp_path):
 
 @pytest.mark.slow
 def test_html_escapes_captions_and_file_names(image_ckpt, tmp_path, monkeypatch):
-    import captioning.train.checkpoint as checkpoint
+    import captioning.caption.api as api
     from captioning.cli.caption import caption
 
-    load = checkpoint.load_captioner
+    load = api.load_captioner
 
     def load_with_html_words(path, map_location="cpu"):
         model = load(path, map_location)
         model.vocab.itos[4:] = [f'<b onmouseover="x">{w}</b>&' for w in model.vocab.itos[4:]]
         return model
 
-    monkeypatch.setattr(checkpoint, "load_captioner", load_with_html_words)
+    monkeypatch.setattr(api, "load_captioner", load_with_html_words)  # where the caption API looks it up
     odd = tmp_path / "in" / "<img src=x onerror=alert(1)>.jpg"
     odd.parent.mkdir()
     shutil.copy(image_ckpt["images"][0], odd)

@@ -12,8 +12,12 @@ from pathlib import Path
 import pytest
 
 from captioning.errors import DataError
-from captioning.metrics import coco as M
-from captioning.metrics.coco import MetricError, compute_metrics
+from captioning.metrics import MetricError, compute_metrics
+from captioning.metrics import meteor as meteor_module
+from captioning.metrics.bleu import bleu
+from captioning.metrics.cider import cider_d
+from captioning.metrics.ngrams import ngram_counts
+from captioning.metrics.rouge import lcs_length, rouge_l
 
 FAKECAP = Path(__file__).resolve().parents[1].parent / "shared/reference/coco-caption-fakecap"
 needs_fakecap = pytest.mark.skipif(not FAKECAP.is_dir(), reason=f"reference data not found: {FAKECAP}")
@@ -143,7 +147,7 @@ def test_empty_hypothesis_scores_zero():
 
 def test_bleu_hand_computed():
     # hyp "the cat sat" vs ref "the cat sat down": p1 = 3/3, p2 = 2/2, p3 = 1/1; bp = exp(1 - 4/3)
-    res = M.bleu([["the", "cat", "sat"]], [[["the", "cat", "sat", "down"]]])
+    res = bleu([["the", "cat", "sat"]], [[["the", "cat", "sat", "down"]]])
     bp = math.exp(1 - 4 / 3)
     assert res.scores[0] == pytest.approx(bp, rel=1e-9)
     assert res.scores[2] == pytest.approx(bp, rel=1e-9)
@@ -151,13 +155,13 @@ def test_bleu_hand_computed():
     assert res.stats == {"testlen": 3, "reflen": 4, "guess": [3, 2, 1, 0], "correct": [3, 2, 1, 0],
                          "ratio": pytest.approx((3 + 1e-15) / (4 + 1e-9))}
     # clipping: "the the the" vs "the cat": 1 correct unigram of 3
-    res = M.bleu([["the", "the", "the"]], [[["the", "cat"], ["a", "the", "cat", "sat"]]])
+    res = bleu([["the", "the", "the"]], [[["the", "cat"], ["a", "the", "cat", "sat"]]])
     assert res.stats["correct"][0] == 1 and res.stats["reflen"] == 2  # closest: |3-2| = |3-4|, shorter wins
 
 
 def test_rouge_l_hand_computed():
     # LCS("a b c d", "a c e") = 2: P = 2/3, R = 2/4; F = (1+b^2) P R / (R + b^2 P)
-    corpus, items = M.rouge_l([["a", "c", "e"]], [[["a", "b", "c", "d"]]])
+    corpus, items = rouge_l([["a", "c", "e"]], [[["a", "b", "c", "d"]]])
     p, r, b2 = 2 / 3, 2 / 4, 1.2**2
     assert items[0] == pytest.approx((1 + b2) * p * r / (r + b2 * p))
     assert corpus == items[0]
@@ -175,20 +179,20 @@ def test_lcs_length_matches_dynamic_programming():
     for _ in range(300):
         a = rng.choices("abcd", k=rng.randint(0, 70))
         b = rng.choices("abcde", k=rng.randint(0, 70))
-        assert M.lcs_length(a, b) == dp(a, b)
+        assert lcs_length(a, b) == dp(a, b)
 
 
 def test_cider_identical_captions_and_single_image():
     # two images, hypotheses equal to their single reference: every tf-idf cosine is 1 where
     # the n-gram weights are non-zero; n-grams shared by both images get idf log(2) - log(2) = 0
-    corpus, items = M.cider_d([["a", "b"], ["c", "d"]], [[["a", "b"]], [["c", "d"]]])
+    corpus, items = cider_d([["a", "b"], ["c", "d"]], [[["a", "b"]], [["c", "d"]]])
     assert items == pytest.approx([10 * 2 / 4, 10 * 2 / 4])  # unigrams + bigrams match, no 3/4-grams
     # one image: log(N) = 0, so every weight is 0 (the toolkit's behaviour)
-    assert M.cider_d([["a", "b"]], [[["a", "b"]]])[1] == [0.0]
+    assert cider_d([["a", "b"]], [[["a", "b"]]])[1] == [0.0]
 
 
 def test_ngram_counts():
-    c = M.ngram_counts(["a", "b", "a", "b"], n=2)
+    c = ngram_counts(["a", "b", "a", "b"], n=2)
     assert c == {("a",): 2, ("b",): 2, ("a", "b"): 2, ("b", "a"): 1}
 
 
@@ -210,7 +214,7 @@ def test_errors():
 
 
 def test_meteor_without_java_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(M.shutil, "which", lambda name: None)
+    monkeypatch.setattr(meteor_module.shutil, "which", lambda name: None)
     with pytest.raises(MetricError, match="Java"):
         compute_metrics({1: ["a cat"]}, {1: "a cat"}, metrics=("meteor",))
 

@@ -63,7 +63,7 @@ def test_metrics_by_length_counts_and_scores():
 
 def test_metrics_by_length_uses_compute_metrics_without_tokenizing(monkeypatch):
     import captioning.evaluation.report as report
-    import captioning.metrics.coco as metrics
+    import captioning.metrics as metrics
 
     calls = []
 

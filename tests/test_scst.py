@@ -10,7 +10,7 @@ import torch
 from conftest import make_tiny_image_dataset, run_cli
 
 from captioning.errors import ConfigError
-from captioning.metrics.coco import CiderD
+from captioning.metrics.cider import CiderD
 from captioning.models.decoders import build_decoder
 from captioning.models.search import (
     DecodeConfig,

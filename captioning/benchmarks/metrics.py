@@ -13,7 +13,7 @@ import random
 import time
 from typing import Any
 
-from captioning.metrics.coco import compute_metrics
+from captioning.metrics import compute_metrics
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -26,7 +26,7 @@ from captioning.evaluation.grounding import evaluate_grounding
 from captioning.evaluation.report import metrics_by_length, vocabulary_usage, write_report
 from captioning.evaluation.server import check_request, coco_image_set, write_coco_results
 from captioning.evaluation.structure import evaluate_structure
-from captioning.metrics.coco import compute_metrics
+from captioning.metrics import compute_metrics, default_metrics
 from captioning.models.decoders import run_tag
 from captioning.models.search import BeamConfig
 from captioning.store.streams import open_features
@@ -51,7 +51,7 @@ class EvaluateConfig:
     features_dir: str | None = None  # default: the checkpoint's
     data_root: str | None = None  # default: the checkpoint's data.root (move a dataset without retraining)
     output_dir: str | None = None  # default: <run>/eval/<split>-beam<k>
-    metrics: list[str] = field(default_factory=lambda: ["bleu", "meteor", "rouge", "cider"])
+    metrics: list[str] = field(default_factory=default_metrics)  # registered names (captioning.metrics)
     batch_size: int = 64
     num_workers: int = 2
     grounding: bool = True

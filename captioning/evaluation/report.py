@@ -2,7 +2,7 @@
 
 - :func:`metrics_by_length` groups items by the mean length (tokens) of their reference captions
   and scores each group as its own corpus (BLEU-4 / ROUGE_L / CIDEr via
-  ``captioning.metrics.coco.compute_metrics``).  CIDEr's document frequencies then come from
+  ``captioning.metrics.compute_metrics``).  CIDEr's document frequencies then come from
   the group alone, so compare groups across models, not CIDEr of a group with the overall CIDEr.
 - :func:`plot_metrics_by_length` draws the score-vs-length figure of Bahdanau et al. (2015, Fig. 2):
   one line per metric for one model, or one panel per metric with one line per model.
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from captioning.errors import DataError
-from captioning.metrics.coco import compute_metrics
+from captioning.metrics import compute_metrics
 from captioning.utils.io import atomic_write, atomic_write_json, atomic_write_text
 
 DEFAULT_BINS: tuple[int, ...] = (6, 8, 10, 12, 15)  # <=6, 7-8, 9-10, 11-12, 13-15, 16+

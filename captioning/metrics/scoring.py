@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from captioning.errors import ConfigError, DataError
-from captioning.metrics.coco import METRICS, MetricResult, compute_metrics
+from captioning.metrics import METRICS, MetricResult, compute_metrics, default_metrics
 from captioning.utils.io import atomic_write_json, read_json
 
 __all__ = ["load_annotations", "load_results", "score_files"]
@@ -102,7 +102,7 @@ def load_annotations(path: str | Path) -> dict[str, list[str]]:
 def score_files(
     results: str | Path,
     annotations: str | Path,
-    metrics: Sequence[str] = ("bleu", "meteor", "rouge", "cider"),
+    metrics: Sequence[str] | None = None,
     tokenize: bool = True,
 ) -> MetricResult:
     """Score every id of ``results`` against its references in ``annotations``.
@@ -128,7 +128,7 @@ def score_files(
 class ScoreConfig:
     results: str = MISSING
     annotations: str = MISSING
-    metrics: list[str] = field(default_factory=lambda: ["bleu", "meteor", "rouge", "cider"])
+    metrics: list[str] = field(default_factory=default_metrics)  # registered names (captioning.metrics)
     tokenize: bool = True
     output: str | None = None
     per_item: bool = False
@@ -143,7 +143,7 @@ def score(cfg: ScoreConfig) -> dict:
     unknown = [m for m in cfg.metrics if m not in METRICS]
     if unknown or not cfg.metrics:
         what = f"unknown metric {unknown[0]!r}" if unknown else "no metric"
-        raise ConfigError(f"metrics: {what}; choose from {', '.join(METRICS)}, e.g. metrics=[bleu,cider]")
+        raise ConfigError(f"metrics: {what}; choose from {', '.join(METRICS.names())}, e.g. metrics=[bleu,cider]")
     result = score_files(cfg.results, cfg.annotations, metrics=cfg.metrics, tokenize=cfg.tokenize)
     out: dict = dict(result.scores)
     if cfg.per_item:

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from captioning.data.vocab import Vocabulary
 from captioning.errors import CaptioningError
-from captioning.metrics.coco import CiderD, compute_metrics
+from captioning.metrics import compute_metrics
+from captioning.metrics.cider import CiderD
 from captioning.models.decoders import CaptionDecoder, build_decoder
 from captioning.models.positions import layout_from_meta
 from captioning.models.search import BeamConfig, Hypothesis, decode_batch, greedy_decode, sample

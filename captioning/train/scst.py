@@ -3,7 +3,7 @@
 The second training stage of nearly every captioning result since 2017: start from a model
 trained with cross-entropy, draw ``n`` captions ``w^1..w^n`` per item from it, reward each with
 its CIDEr-D ``r_j`` against the item's references (document frequencies from the TRAINING
-references, computed once: ``captioning.metrics.coco.CiderD``), and follow
+references, computed once: ``captioning.metrics.cider.CiderD``), and follow
 
     grad E[r] ~= sum_j (r_j - b_j) grad log p(w^j)
 

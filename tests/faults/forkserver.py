@@ -34,7 +34,7 @@ PRELOAD = (
     "torch", "numpy", "pytorch_lightning", "hydra", "timm", "matplotlib", "matplotlib.pyplot",
     "captioning.cli.train", "captioning.cli.extract", "captioning.cli.evaluate", "captioning.train.module",
     "captioning.features.extract", "captioning.features.backbones", "captioning.data.datamodule",
-    "captioning.data.annotations", "captioning.metrics.coco", "captioning.evaluation.report",
+    "captioning.data.annotations", "captioning.metrics", "captioning.evaluation.report",
     "captioning.evaluation.grounding", "captioning.train.checkpoint",
 )
 
