@@ -230,3 +230,17 @@ def test_meteor_matches_toolkit_with_empty_hypothesis():
     ours = compute_metrics(gts, res, metrics=("meteor",), tokenize=False)
     assert ours.scores["METEOR"] == pytest.approx(score, abs=1e-9)
     assert [ours.per_item[k]["METEOR"] for k in gts] == pytest.approx(items, abs=1e-9)
+
+
+def test_distinct_n_by_hand_and_through_compute_metrics():
+    from captioning.metrics import METRICS, default_metrics
+    from captioning.metrics.distinct import distinct
+
+    hyps = [["a", "b", "a"], ["a", "c"]]  # 5 tokens; unigrams {a, b, c}; bigrams {ab, ba, ac}
+    assert distinct(hyps, 1) == (pytest.approx(3 / 5), [pytest.approx(2 / 3), 1.0])
+    assert distinct(hyps, 2) == (pytest.approx(3 / 5), [pytest.approx(2 / 3), pytest.approx(1 / 2)])
+    assert distinct([[]], 1) == (0.0, [0.0])
+    assert "distinct" in METRICS and "distinct" not in default_metrics()  # a registered metric, off by default
+    res = compute_metrics({1: ["x"], 2: ["y"]}, {1: "a b a", 2: "a c"}, metrics=["distinct"], tokenize=False)
+    assert res.scores == {"Distinct_1": pytest.approx(0.6), "Distinct_2": pytest.approx(0.6)}
+    assert res.per_item[2] == {"Distinct_1": 1.0, "Distinct_2": 0.5}
