@@ -4,6 +4,11 @@ Training sees one sample per (item, reference caption): an item with five refere
 seen five times per epoch, each time with a different caption (Xu et al., Karpathy);
 self-critical training sees one sample per item.  Evaluation sees one sample per item; its
 references are looked up by index.
+
+The DataLoader fetches a whole batch at once (``__getitems__``): each item's features are read
+by one ``pread`` straight into its row of the batch tensor, which inside a worker is allocated in
+shared memory, where the batch has to go anyway.  ``collate`` of per-sample ``__getitem__``
+results gives the same batch.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from captioning.data.records import CaptionRecord
 from captioning.data.tokenizer import tokenize
@@ -39,6 +44,12 @@ class Batch:
     tokens: torch.Tensor | None
     index: torch.Tensor
 
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked memory (the DataLoader's ``pin_memory=True`` calls this), so
+        that ``to(device, non_blocking=True)`` copies asynchronously."""
+        return Batch(self.features.pin_memory(), self.mask.pin_memory(),
+                     None if self.tokens is None else self.tokens.pin_memory(), self.index.pin_memory())
+
     def to(self, device: torch.device | str) -> Batch:
         return Batch(
             self.features.to(device, non_blocking=True),
@@ -52,7 +63,9 @@ class FeatureItems:
     """The items of one split that have features: ids, references and store access.
 
     ``references[i]`` holds the toolkit-tokenized reference captions of item i (space-joined),
-    which is what the metrics compare against.
+    which is what the metrics compare against.  ``ids`` holds the store keys as one numpy array:
+    a DataLoader worker reading them writes no reference counts into the records' pages, so it
+    does not copy them (copy-on-write) over an epoch.
     """
 
     def __init__(self, records: list[CaptionRecord], store: FeatureStore) -> None:
@@ -62,6 +75,7 @@ class FeatureItems:
             log.warning("%d of %d items have no features in %s (failed or not extracted); they are skipped",
                         self.missing, len(records), store.root)
         self.records = present
+        self.ids = np.array([r.item_id for r in present], dtype=str)
         self.store = store
         self.references = [[" ".join(tokenize(c)) for c in r.captions] for r in present]
 
@@ -69,28 +83,77 @@ class FeatureItems:
         return len(self.records)
 
     def features(self, i: int) -> tuple[np.ndarray, int]:
-        item = self.store[self.records[i].item_id]
+        """Item i's [N, C] features (a new array, read by one ``pread``) and its valid count."""
+        item = self.store.read(str(self.ids[i]))
         return item.features, item.valid
+
+    def batch(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, N, C] features of items ``rows``, each read straight into its row of one tensor (in
+        shared memory inside a DataLoader worker), and the [B, N] mask (True = real position)."""
+        store = self.store
+        feats = torch.from_numpy(np.empty((len(rows), store.positions, store.dim), dtype=store.dtype))
+        if get_worker_info() is not None:
+            feats.share_memory_()
+        view = feats.numpy()
+        valid = torch.tensor([store.read(str(self.ids[i]), out=view[b]).valid for b, i in enumerate(rows)])
+        return feats, torch.arange(store.positions)[None, :] < valid[:, None]
+
+
+def read_batch(items: FeatureItems, rows: list[int], tokens: list[list[int]] | list[np.ndarray] | None,
+               pad: int = 0) -> Batch:
+    """What ``collate`` makes of the samples (item ``rows[b]``, caption ``tokens[b]``), read as one batch."""
+    if tokens is not None:  # longest caption first, as collate orders them (a stable sort, like its own)
+        order = sorted(range(len(rows)), key=lambda b: -len(tokens[b]))
+        rows, tokens = [rows[b] for b in order], [tokens[b] for b in order]
+    feats, mask = items.batch(rows)
+    return Batch(feats, mask, None if tokens is None else pad_tokens(tokens, pad), torch.tensor(rows))
+
+
+def pad_tokens(seqs: list[list[int]] | list[np.ndarray] | list[torch.Tensor], pad: int = 0) -> torch.Tensor:
+    """[B, max length] long: the sequences right-padded with ``pad``."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad, dtype=torch.long)
+    for b, seq in enumerate(seqs):
+        out[b, : len(seq)] = torch.as_tensor(seq)
+    return out
 
 
 class CaptionTrainDataset(Dataset):
-    """One sample per (item, reference caption)."""
+    """One sample per (item, reference caption).
+
+    Sample k is item ``item[k]`` with caption ``tokens[offsets[k]:offsets[k + 1]]`` (``<bos> ..
+    <eos>``): three flat arrays rather than a list of lists, 4x smaller and never copied into the
+    workers (reading a Python list writes reference counts, which copies its pages, one by one
+    over an epoch, into every worker).
+    """
 
     def __init__(self, items: FeatureItems, vocab: Vocabulary, max_length: int) -> None:
         self.items = items
-        self.samples: list[tuple[int, list[int]]] = []
+        self.pad = vocab.pad
+        item, lengths, tokens = [], [], []
         for i, refs in enumerate(items.references):
             for ref in refs:
-                ids = vocab.encode(ref.split(), max_length)
-                self.samples.append((i, [vocab.bos] + ids + [vocab.eos]))
+                seq = [vocab.bos, *vocab.encode(ref.split(), max_length), vocab.eos]
+                item.append(i)
+                lengths.append(len(seq))
+                tokens.extend(seq)
+        self.item = np.array(item, dtype=np.int64)  # [S]
+        self.offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])  # [S + 1]
+        self.tokens = np.array(tokens, dtype=np.int32)  # [sum of lengths]
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self.item)
+
+    def caption(self, k: int) -> np.ndarray:
+        """Sample k's token ids (``<bos> w_1..w_T <eos>``)."""
+        return self.tokens[self.offsets[k]: self.offsets[k + 1]]
 
     def __getitem__(self, k: int):
-        i, tokens = self.samples[k]
+        i = int(self.item[k])
         feats, valid = self.items.features(i)
-        return torch.from_numpy(np.array(feats)), valid, torch.tensor(tokens), i
+        return torch.from_numpy(feats), valid, torch.from_numpy(self.caption(k).astype(np.int64)), i
+
+    def __getitems__(self, ks: list[int]) -> Batch:
+        return read_batch(self.items, self.item[ks].tolist(), [self.caption(k) for k in ks], self.pad)
 
 
 class CaptionItemDataset(Dataset):
@@ -100,6 +163,7 @@ class CaptionItemDataset(Dataset):
 
     def __init__(self, items: FeatureItems, vocab: Vocabulary, max_length: int) -> None:
         self.items = items
+        self.pad = vocab.pad
         self.tokens = [[[vocab.bos] + vocab.encode(ref.split(), max_length) + [vocab.eos] for ref in refs]
                        for refs in items.references]
 
@@ -108,9 +172,14 @@ class CaptionItemDataset(Dataset):
 
     def __getitem__(self, i: int):
         feats, valid = self.items.features(i)
+        return torch.from_numpy(feats), valid, torch.tensor(self._draw(i)), i
+
+    def __getitems__(self, rows: list[int]) -> Batch:
+        return read_batch(self.items, rows, [self._draw(i) for i in rows], self.pad)
+
+    def _draw(self, i: int) -> list[int]:
         refs = self.tokens[i]
-        k = int(torch.randint(len(refs), ())) if len(refs) > 1 else 0
-        return torch.from_numpy(np.array(feats)), valid, torch.tensor(refs[k]), i
+        return refs[int(torch.randint(len(refs), ()))] if len(refs) > 1 else refs[0]
 
 
 class CaptionEvalDataset(Dataset):
@@ -124,7 +193,10 @@ class CaptionEvalDataset(Dataset):
 
     def __getitem__(self, i: int):
         feats, valid = self.items.features(i)
-        return torch.from_numpy(np.array(feats)), valid, None, i
+        return torch.from_numpy(feats), valid, None, i
+
+    def __getitems__(self, rows: list[int]) -> Batch:
+        return read_batch(self.items, rows, None)
 
 
 def collate(samples, pad: int = 0) -> Batch:
@@ -132,8 +204,11 @@ def collate(samples, pad: int = 0) -> Batch:
 
     Training batches come sorted by caption length, longest first (``index`` keeps each
     row's item): the LSTM decoder's packed loss then needs no gather of the features to
-    drop finished captions from the end of the batch.
+    drop finished captions from the end of the batch.  A ``Batch`` (a dataset's ``__getitems__``
+    read it whole) is returned as it is.
     """
+    if isinstance(samples, Batch):
+        return samples
     if samples[0][2] is not None:
         samples = sorted(samples, key=lambda s: -len(s[2]))
     feats = torch.stack([s[0] for s in samples])
@@ -143,11 +218,7 @@ def collate(samples, pad: int = 0) -> Batch:
     index = torch.tensor([s[3] for s in samples])
     if samples[0][2] is None:
         return Batch(feats, mask, None, index)
-    length = max(len(s[2]) for s in samples)
-    tokens = torch.full((len(samples), length), pad, dtype=torch.long)
-    for b, s in enumerate(samples):
-        tokens[b, : len(s[2])] = s[2]
-    return Batch(feats, mask, tokens, index)
+    return Batch(feats, mask, pad_tokens([s[2] for s in samples], pad), index)
 
 
 class CaptionDataModule(pl.LightningDataModule):

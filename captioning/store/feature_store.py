@@ -30,7 +30,8 @@ an id present in several shards, as can happen after DDP padding, resolves to th
 counted in ``duplicates``).  Shards are memory-mapped lazily (``np.load(mmap_mode="r")``), at most
 ``max_open_shards`` at once per process, and never loaded whole.  The store object is picklable
 (DataLoader workers, spawn): open memmaps are dropped when pickled or after a fork, and reopened
-on first use.
+on first use.  ``read(id)`` (the training and evaluation loaders) reads one item with one ``pread``
+into a new array instead: no page faults, no read-around, nothing mapped.
 """
 
 from __future__ import annotations
@@ -645,8 +646,43 @@ class FeatureStore:
     def get(self, item_id: str, default: Any = None) -> FeatureItem | Any:
         return self[item_id] if item_id in self._index else default
 
+    def read(self, item_id: str, out: np.ndarray | None = None) -> FeatureItem:
+        """``self[item_id]`` with its features read now by one ``pread`` into a new [N, C] array, or
+        into ``out`` (C-contiguous [N, C] of the store's dtype, e.g. a row of a batch).
+
+        The loaders' path.  Through a memory map the first touch of each page is a fault that the
+        kernel serves with read-around (up to ``read_ahead_kb`` about it): a shuffled epoch read
+        3.5x each item's bytes from the disk, and the touched pages stay in the reader's RSS while
+        its shard is mapped (``captioning-bench scale``, docs/at_scale.md).  ``pread`` reads the
+        item's bytes alone, maps nothing, and the page cache it fills is shared by all processes.
+        """
+        try:
+            s, r, valid, frames, size = self._index[item_id]
+        except KeyError:
+            raise KeyError(f"item {item_id!r} is not in the feature store {self.root}") from None
+        offset = self._offsets.get(s)
+        if offset is None:  # this shard's first read here: its header is checked once
+            offset = self._offsets[s] = int(self._load(s).offset)
+        if out is None:
+            out = np.empty((self.positions, self.dim), dtype=self.dtype)
+        elif out.shape != (self.positions, self.dim) or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"read(out=): need a C-contiguous {self.dtype} [{self.positions}, {self.dim}] array, "
+                             f"got {out.dtype} {list(out.shape)}")
+        path = self.root / "shards" / self._shards[s]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            n = os.preadv(fd, [out], offset + r * out.nbytes)
+        finally:
+            os.close(fd)
+        if n != out.nbytes:
+            raise DataError(f"feature shard {path} is truncated (item {item_id!r}: {n} of {out.nbytes} bytes); "
+                            f"delete it and {path.name[: -len('.npy')]}.index.json and re-run extraction")
+        boxes = np.array(self._array(s, "boxes")[r]) if self.boxes else None
+        return FeatureItem(out, valid, self.grid, frames, boxes, size)
+
     # -- lazily opened memory maps
     def _reset_cache(self) -> None:
+        self._offsets: dict[int, int] = {}  # shard -> byte offset of its first row (read())
         self._open: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -684,7 +720,7 @@ class FeatureStore:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_open", "_lock", "_pid"):
+        for k in ("_open", "_lock", "_pid", "_offsets"):
             state.pop(k, None)
         return state
 

@@ -14,7 +14,8 @@ ids present in every stream (in the first stream's order).
 
 ``open_features(dirs)``: one folder -> a plain ``FeatureStore``; several -> ``FeatureStreams``.
 Both offer what the data module and the trainer use: ``meta``, ``root``, ``ids``, ``len``, ``in``,
-``[id] -> FeatureItem``, ``failures``; both are picklable (DataLoader workers).
+``[id] -> FeatureItem``, ``read(id)`` (the same, read by ``pread``), ``failures``; both are picklable
+(DataLoader workers).
 ``stream_metas(meta)``: the streams' own metas (each records its encoder), for captioning raw media.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +135,18 @@ class FeatureStreams:
 
     def __getitem__(self, item_id: str) -> FeatureItem:
         """[N, sum C] features (a new array in the streams' common dtype), the first stream's valid/frames."""
-        parts = [s[item_id] for s in self.stores]  # KeyError naming the store when absent
+        return self._join([s[item_id] for s in self.stores])  # KeyError naming the store when absent
+
+    def read(self, item_id: str, out: np.ndarray | None = None) -> FeatureItem:
+        """``self[item_id]``, each stream's part read by ``FeatureStore.read`` (one ``pread``, no memory
+        map); copied into ``out`` ([N, sum C] of the streams' dtype) when given."""
+        item = self._join([s.read(item_id) for s in self.stores])
+        if out is None:
+            return item
+        out[...] = item.features
+        return replace(item, features=out)
+
+    def _join(self, parts: list[FeatureItem]) -> FeatureItem:
         features = np.concatenate([np.asarray(p.features, dtype=self.dtype) for p in parts], axis=1)
         first = parts[0]  # positions agree across streams: the first stream's boxes are every stream's
         return FeatureItem(features, first.valid, first.grid, first.frame_indices, first.boxes, first.image_size)
