@@ -2,7 +2,8 @@
 
 Each benchmark lives in ``captioning.benchmarks.<name>`` (``-`` becomes ``_``) and exposes
 ``add_arguments(parser)`` and ``run(args) -> list[dict]``.  Every result is printed as one
-JSON line with at least ``name``, ``unit`` and ``value``; benchmarks compare against a
+JSON line with at least ``name``, ``unit`` and ``value`` (as soon as it is measured when ``run``
+is a generator); benchmarks compare against a
 baseline in the same run and report ratios, which transfer across machines.
 """
 
@@ -19,6 +20,7 @@ BENCHMARKS = {
     "metrics": "BLEU+ROUGE-L+CIDEr-D vs pycocoevalcap",
     "extract-images": "full extraction job vs backbone forward alone",
     "extract-videos": "video extraction job (decode + forward + write) vs backbone forward alone",
+    "scale": "input pipeline, memory and evaluation time at COCO size vs the disk's limits",
 }
 
 
@@ -43,13 +45,12 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("error: --device cuda but no CUDA device is visible", file=sys.stderr)
             return 2
-    results = module.run(args)
-    lines = [json.dumps(r, sort_keys=False) for r in results]
-    for line in lines:
+    for r in module.run(args):  # a list, or a generator printing each result as it is measured
+        line = json.dumps(r, sort_keys=False)
         print(line, flush=True)
-    if args.output:
-        with open(args.output, "a", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
+        if args.output:
+            with open(args.output, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
     return 0
 
 
