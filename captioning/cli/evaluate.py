@@ -1,6 +1,8 @@
 """``captioning-evaluate``: decode a split with a checkpoint and write numbers a paper can quote.
 
     captioning-evaluate ckpt_path=outputs/train/<run>/checkpoints/last.ckpt split=test decode.beam_size=5
+    captioning-evaluate ckpt_path=[<run0>/checkpoints/last.ckpt,<run1>/checkpoints/last.ckpt]   # an ensemble
+    captioning-evaluate ckpt_path=<ckpt> decode=diverse server=coco server_alg=myattn
 
 Writes into ``output_dir`` (default ``<run>/eval/<split>-beam<k>``): ``results.json`` (COCO
 results format; ``video_id`` for video), ``metrics.json`` (toolkit key names),

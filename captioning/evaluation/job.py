@@ -5,6 +5,9 @@
 names), ``predictions.json`` (tokens + per-token attention), and ``report.md``/``report.json``
 with metrics by reference length (plot), vocabulary usage and, on the synthetic data, grounding.
 Under DDP every rank decodes a shard (Lightning ``predict``) and rank 0 writes one results file.
+``ckpt_path=[a,b,c]`` decodes with the checkpoints' test-time ensemble (``captioning.models.ensemble``;
+default folder ``<first run>/eval/ensemble<M>-<split>-beam<k>``); ``server=coco`` also writes the
+COCO evaluation server's file and zip (``captioning.evaluation.server``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Greedy decoding and batched beam search over any registered caption decoder.
+"""Greedy decoding, batched (diverse) beam search and sampling over any caption decoder.
 
 They use only the decoder protocol (``captioning.models.decoders.base``):
 ``init_state(features, mask) -> state``,
