@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # built for that torch (torchcodec releases follow torch's; it needs FFmpeg's libraries: .ci/run).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1 torchcodec==0.17.0
 
-.PHONY: install demo test test-fast reproduce reproduce-quick reproduce-grounding reproduce-order lint bench gpu-wheels gpu-check clean data strip-notebooks
+.PHONY: install demo test test-fast reproduce reproduce-report lint bench gpu-wheels gpu-check clean data strip-notebooks
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,28 +37,17 @@ data: $(STAMP)
 	$(VENV)/bin/captioning-generate dataset=shapes
 	$(VENV)/bin/captioning-generate dataset=moving_shapes
 
-## make reproduce: the seeds' claims on the synthetic data, 3 seeds per variant -> results/
+## make reproduce: the papers' claims on the embedded data (conf/reproduce/): the development protocol
+## (data seed 0), then the confirmation on fresh data seeds; each run leaves its record in
+## docs/results/runs/ and is never repeated; the reports land in docs/results/ (hours on 2 CPU cores)
 reproduce: $(STAMP)
-	$(PY) -m captioning.reproduce
+	$(PY) -m captioning.reproduce --protocol development
+	$(PY) -m captioning.reproduce --protocol confirmation
 
-reproduce-quick: $(STAMP)
-	$(PY) -m captioning.reproduce --quick
-
-## make reproduce-grounding: soft attention vs mean pooling on a 14x14 grid (448 px), 3 seeds x 10 epochs
-reproduce-grounding: $(STAMP)
-	$(PY) -m captioning.reproduce --only images --variants soft_14x14 mean_pool_14x14 --image-epochs 10 \
-		--out results/reproduce-grounding
-
-## make reproduce-order: event order with frame residuals at 96 and at 224 px (and the stride-8 stage beside
-## the last), 2400 videos, 3 seeds x 6 epochs; the same runs evaluated four ways: beam 3 (results.md), + trigram
-## blocking, + the checkpoint selected on val with that decoding, both (results_block_trigrams_val_selected.md)
-## (~80 min on 2 cores, ~45 of them extraction: ~1.6 videos/s for the 224-px store, ~2.2 for its stride-8 stage)
-ORDER_VARIANTS = temporal_residual temporal_residual_224 temporal_residual_224+layer2 mean_pool
-reproduce-order: $(STAMP)
-	for protocol in "" --block-trigrams --select-on-val "--block-trigrams --select-on-val"; do \
-		$(PY) -m captioning.reproduce --only videos --variants $(ORDER_VARIANTS) --video-epochs 6 \
-			--out results/reproduce-order $$protocol || exit 1; \
-	done
+## make reproduce-report: the reports from the committed records only (runs nothing)
+reproduce-report: $(STAMP)
+	$(PY) -m captioning.reproduce --protocol development --report
+	$(PY) -m captioning.reproduce --protocol confirmation --report
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check captioning tests

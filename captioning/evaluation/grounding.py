@@ -245,6 +245,23 @@ def video_pointing_hit(alpha: np.ndarray, frame_indices: Sequence[int], span: Se
 # ------------------------------------------------------------------------------- word classes
 
 
+def coverage_entropy(predictions: Sequence[Mapping[str, Any]]) -> float:
+    """Mean normalised entropy of each caption's coverage ``sum_t alpha_t`` over its positions
+    (1 = attention spread evenly over all of them; what the doubly stochastic term pushes towards).
+    ``predictions``: ``predictions.json`` entries with an ``attention`` [T, N] list; others skipped."""
+    values = []
+    for p in predictions:
+        att = p.get("attention")
+        if not att:
+            continue
+        cov = np.asarray(att, dtype=np.float64).sum(0)
+        if cov.size < 2 or cov.sum() <= 0:
+            continue
+        q = cov / cov.sum()
+        values.append(float(-(q[q > 0] * np.log(q[q > 0])).sum() / np.log(cov.size)))
+    return float(np.mean(values)) if values else float("nan")
+
+
 def word_classes_of(grounding: Mapping[str, Any]) -> dict[str, list[str]]:
     """The words to score, by class, from a grounding file's top-level ``word_classes``.
 

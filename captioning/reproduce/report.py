@@ -1,0 +1,191 @@
+"""The reproduction report: per-run records -> tables, verdicts and a figure, generated.
+
+``verdict`` is the pre-registered rule (``conf/reproduce/confirmation.yaml``): per claim, the
+values of the data seeds (paired by data seed when two variants are compared), a two-sided
+t-interval of their mean at the protocol's confidence.  CONFIRMED when the interval clears the
+claim, REFUTED when it lies wholly on the other side, INCONCLUSIVE otherwise; with fewer than two
+data seeds the values are shown without a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from captioning.evaluation.report import plot_metrics_by_length
+from captioning.reproduce.catalogue import Catalogue, Claim, Protocol
+from captioning.utils.io import atomic_write_text
+
+TABLE = {  # dataset -> (column, metric key, chance key or None)
+    "shapes": [("BLEU-4", "Bleu_4", None), ("CIDEr", "CIDEr", None),
+               ("binding acc.", "binding_accuracy", "chance_binding_accuracy"),
+               ("pointing", "pointing_accuracy", "chance_pointing_accuracy"),
+               ("attention in object", "attention_in_object", "chance_attention_in_object"),
+               ("coverage entropy", "coverage_entropy", None)],
+    "moving_shapes": [("BLEU-4", "Bleu_4", None), ("CIDEr", "CIDEr", None),
+                      ("event-order acc.", "event_order_accuracy", "chance_event_order_accuracy"),
+                      ("order when both named", "order_accuracy_all_named", "chance_order_accuracy_all_named"),
+                      ("event recall", "event_recall", None),
+                      ("pointing", "pointing_accuracy", "chance_pointing_accuracy"),
+                      ("attention in span", "attention_in_object", "chance_attention_in_object")],
+}
+
+
+def load_records(folder: Path) -> list[dict[str, Any]]:
+    """Every per-run record under ``folder`` (``<variant>/d<seed>.json``)."""
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(folder).glob("*/d*.json"))]
+
+
+def by_seed(records: Sequence[Mapping[str, Any]], variant: str, key: str) -> dict[int, float]:
+    """data seed -> the variant's value of ``key`` (runs without it left out)."""
+    out = {}
+    for r in records:
+        value = r["metrics"].get(key)
+        if r["variant"] == variant and isinstance(value, (int, float)) and not math.isnan(value):
+            out[int(r["data_seed"])] = float(value)
+    return out
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    low: float
+    high: float
+    n: int
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval | None:
+    """Two-sided t-interval of the mean (n - 1 degrees of freedom); None below two values."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) < 2:
+        return None
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return Interval(float(x.mean()), float(x.mean()) - half, float(x.mean()) + half, len(x))
+
+
+def claim_values(claim: Claim, records: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> dict[int, float]:
+    """data seed -> the quantity the claim's rule tests (a paired difference for comparisons)."""
+    a = by_seed(records, claim.a, claim.metric)
+    if claim.rule == "beats":
+        b = by_seed(records, claim.b, claim.metric)
+        return {s: a[s] - b[s] for s in seeds if s in a and s in b}
+    if claim.rule == "lead_grows":
+        a_low, b = by_seed(records, claim.a, claim.metric_low), by_seed(records, claim.b, claim.metric)
+        b_low = by_seed(records, claim.b, claim.metric_low)
+        return {s: (a[s] - b[s]) - (a_low[s] - b_low[s]) for s in seeds if all(s in d for d in (a, b, a_low, b_low))}
+    chance = by_seed(records, claim.a, f"chance_{claim.metric}")
+    if claim.rule == "above_chance":
+        return {s: a[s] - chance[s] for s in seeds if s in a and s in chance}
+    if claim.rule == "times_chance":
+        return {s: a[s] - claim.factor * chance[s] for s in seeds if s in a and s in chance}
+    if claim.rule == "at_chance":
+        return {s: a[s] - chance[s] for s in seeds if s in a and s in chance}
+    return {s: a[s] for s in seeds if s in a}  # at_least
+
+
+def verdict(claim: Claim, interval: Interval | None) -> str:
+    if interval is None:
+        return "-"
+    if claim.rule == "at_least":
+        lo, hi, edge = interval.low, interval.high, claim.threshold
+    elif claim.rule == "at_chance":
+        m = claim.margin
+        if -m <= interval.low and interval.high <= m:
+            return "CONFIRMED"
+        return "REFUTED" if interval.low > m or interval.high < -m else "INCONCLUSIVE"
+    else:  # a difference that must be > 0
+        lo, hi, edge = interval.low, interval.high, 0.0
+    return "CONFIRMED" if lo > edge or (claim.rule == "at_least" and lo >= edge) else (
+        "REFUTED" if hi < edge else "INCONCLUSIVE")
+
+
+def _fmt(i: Interval | None, values: Mapping[int, float]) -> str:
+    if i is not None:
+        return f"{i.mean:.3f} [{i.low:.3f}, {i.high:.3f}] (n={i.n})"
+    return " / ".join(f"{v:.3f}" for v in values.values()) + f" (n={len(values)})" if values else "not run"
+
+
+def claims_table(catalogue: Catalogue, protocol: Protocol, records: Sequence[Mapping[str, Any]],
+                 development: Sequence[Mapping[str, Any]] | None = None) -> tuple[list[str], list[dict]]:
+    """Markdown lines and plain rows: each claim's quantity, interval and verdict (+ development)."""
+    conf = float(protocol.verdict.get("confidence", 0.95))
+    lines = [f"| claim | tested quantity | {protocol.name}: mean [{conf:.0%} interval] | verdict | development |",
+             "|---|---|---|---|---|"]
+    rows = []
+    for c in sorted(catalogue.claims, key=lambda c: not c.headline):
+        values = claim_values(c, records, protocol.seeds_for(c))
+        interval = t_interval(list(values.values()), conf)
+        dev = claim_values(c, development or [], sorted({int(r["data_seed"]) for r in development or []}))
+        v = verdict(c, interval)
+        lines.append(f"| {'**' * c.headline}{c.text}{'**' * c.headline} | {_quantity(c)} | {_fmt(interval, values)} | "
+                     f"{v} | {' / '.join(f'{x:.3f}' for x in dev.values()) or '-'} |")
+        rows.append({"id": c.id, "headline": c.headline, "verdict": v, "values": values, "development": dev,
+                     **({"interval": vars(interval)} if interval else {})})
+    return lines, rows
+
+
+def _quantity(c: Claim) -> str:
+    return {"beats": f"{c.a} - {c.b}: {c.metric} (> 0)", "at_least": f"{c.a}: {c.metric} (>= {c.threshold})",
+            "above_chance": f"{c.a}: {c.metric} - chance (> 0)",
+            "times_chance": f"{c.a}: {c.metric} - {c.factor} x chance (> 0)",
+            "at_chance": f"{c.a}: {c.metric} - chance (within +-{c.margin})",
+            "lead_grows": f"({c.a} - {c.b}) on {c.metric} minus on {c.metric_low} (> 0)"}[c.rule]
+
+
+def variants_table(records: Sequence[Mapping[str, Any]], data: str) -> list[str]:
+    """Per variant: mean +- sample std over data seeds of each column (chance in brackets)."""
+    cols = TABLE[data]
+    lines = ["| variant | seeds | " + " | ".join(c for c, _, _ in cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for name in dict.fromkeys(r["variant"] for r in records if r["data"] == data):
+        cells = []
+        for _, key, chance in cols:
+            v = list(by_seed(records, name, key).values())
+            text = "-" if not v else f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0.0:.3f}"
+            ch = list(by_seed(records, name, chance).values()) if chance else []
+            cells.append(text + (f" ({np.mean(ch):.3f})" if ch else ""))
+        seeds = sorted({int(r["data_seed"]) for r in records if r["variant"] == name})
+        lines.append(f"| {name} | {','.join(map(str, seeds))} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_report(catalogue: Catalogue, protocol: Protocol, records: Sequence[Mapping[str, Any]], out: Path,
+                 development: Sequence[Mapping[str, Any]] | None = None) -> Path:
+    """``<out>/<protocol>.md`` (+ ``.json`` with the verdicts) and the by-length figure."""
+    claim_lines, rows = claims_table(catalogue, protocol, records, development)
+    commits = sorted({(r.get("train_provenance") or {}).get("git_commit", "?")[:10] for r in records})
+    lines = [f"# Reproduction: {protocol.name}", "",
+             f"Generated by `python -m captioning.reproduce --protocol {protocol.name} --report` from the "
+             f"{len(records)} per-run records in `runs/{protocol.name}/` (trained at commits {', '.join(commits)}). "
+             f"Protocol: `conf/reproduce/{protocol.name}.yaml`; catalogue: `conf/reproduce/catalogue.yaml`. "
+             f"Data seeds: headline claims {protocol.data_seeds['headline']}, the rest {protocol.data_seeds['other']}; "
+             f"{protocol.budget['images']} images / {protocol.budget['videos']} videos; LSTM {protocol.budget['hidden']}-d; "
+             f"test split; checkpoint {'selected on val' if protocol.select_on_val else 'best by val CIDEr'}.", "",
+             "## Claims (headline in bold)", "", *claim_lines, ""]
+    for data, title in (("shapes", "shapes (images)"), ("moving_shapes", "moving_shapes (videos)")):
+        if any(r["data"] == data for r in records):
+            lines += [f"## {title}: mean ± std over data seeds (chance)", "", *variants_table(records, data), ""]
+    figure = plot_by_length(records, out / f"{protocol.name}_bleu_by_length.png")
+    if figure:
+        lines += [f"![BLEU-4 by reference length]({figure.name})", ""]
+    path = out / f"{protocol.name}.md"
+    atomic_write_text(path, "\n".join(lines))
+    atomic_write_text(path.with_suffix(".json"), json.dumps({"protocol": protocol.name, "claims": rows}, indent=1))
+    return path
+
+
+def plot_by_length(records: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+    """BLEU-4 by reference length of each shapes variant (its lowest data seed's run)."""
+    per_model: dict[str, list[dict]] = {}
+    for r in sorted(records, key=lambda r: r["data_seed"]):
+        if r["data"] == "shapes" and r.get("by_length") and r["variant"] not in per_model:
+            per_model[r["variant"]] = r["by_length"]
+    if not per_model:
+        return None
+    return plot_metrics_by_length(per_model, path, title="shapes: BLEU-4 by reference length")
