@@ -22,6 +22,8 @@ PRESETS = {  # experiment -> (data config, annotation fixture, kind, positions)
     "venugopalan2015_meanpool": ("msvd", "AllVideoDescriptions.txt", "video", 28),
     "rennie2017_scst": ("coco", "dataset_coco.json", "image", 196),  # SCST from scratch: the stage runs
     "luo2020_scst": ("coco", "dataset_coco.json", "image", 196),
+    "ours_spatial": ("coco", "dataset_coco.json", "image", 196),
+    "ours_temporal": ("msvd", "AllVideoDescriptions.txt", "video", 28),
 }
 
 

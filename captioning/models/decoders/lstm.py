@@ -98,7 +98,9 @@ class LSTMConfig:
     position_mode: str = "concat"  # concat [a_i; p_i] | add a_i + p_i
     position_dim: int = 64  # channels of a concatenated code
     residual: str = "none"  # none | median | mean: attend over [a_i ; (a_i - centre) / sigma] (residual.py)
-    doubly_stochastic: float = 1.0  # lambda of eq. 14, against the caption's SUMMED NLL
+    # lambda of eq. 14, against the caption's SUMMED NLL; 0 by default (docs/findings.md: lambda = 1 keeps
+    # coverage near uniform and costs pointing); experiment=xu2015_soft sets the paper's 1
+    doubly_stochastic: float = 0.0
     # hard attention
     soft_fraction: float = 0.5  # share of training batches that use the soft expectation
     entropy_weight: float = 0.01
