@@ -163,7 +163,7 @@ def test_nonfinite_loss_skip_and_stop(tiny_images, tmp_path):
 
 
 def test_compiled_fixed_shape_loss_trains_like_the_eager_loss(tiny_images, tmp_path):
-    """compile=true (CaptionDecoder.compute_loss_static under torch.compile, captions padded to
+    """compile=true (CaptionDecoder.compute_loss(static=True) under torch.compile, captions padded to
     data.max_length) gives the eager run's loss curve, under DDP (2 CPU processes, gradients
     synchronised through the compiled backward); hard attention is refused up front."""
     fast = [a for a in FAST if not a.startswith("model.dropout")]
