@@ -79,7 +79,7 @@ def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere():
 def test_attention_image_is_the_saved_figure(tmp_path):
     """The array sent to the loggers is, pixel for pixel, the figure ``plot_result`` saves."""
     from captioning.caption.api import CaptionResult
-    from captioning.train.callbacks import attention_image
+    from captioning.caption.callbacks import attention_image
     from captioning.viz.heatmaps import plot_result
 
     image = CaptionResult("1", "image", caption="a red circle", tokens=["a", "red", "circle"],

@@ -13,6 +13,7 @@ import pytest
 from conftest import make_tiny_image_dataset, run_cli
 
 from captioning.caption.api import CaptionResult
+from captioning.caption.callbacks import attention_image
 from captioning.config import DataConfig
 from captioning.errors import CheckpointError, ConfigError, DataError
 from captioning.evaluation.grounding import (
@@ -36,7 +37,6 @@ from captioning.models.decoders import build_decoder
 from captioning.models.positions import layout_from_meta
 from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
 from captioning.store.streams import open_features
-from captioning.train.callbacks import attention_image
 from captioning.viz.gallery import captions_errors, result_entry
 from captioning.viz.heatmaps import box_heat, build_result_figure, plot_result, scale_boxes
 

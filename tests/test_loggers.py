@@ -78,7 +78,7 @@ def read_back(logger, out: Path) -> tuple[float, int]:
 
 @pytest.mark.slow
 def test_every_logger_config_builds_a_working_logger(tmp_path, offline):
-    from captioning.train.callbacks import log_images
+    from captioning.caption.callbacks import log_images
     from captioning.train.job import build_loggers
 
     assert set(LOGGER_CONFIGS) == set(KINDS), "a new conf/logger/*.yaml: add what it builds to KINDS"
