@@ -132,3 +132,42 @@ def test_every_cli_module_is_thin():
     sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in (PACKAGE / "cli").glob("*.py")}
     assert {"caption.py", "evaluate.py", "train.py", "extract.py"} <= set(sizes)
     assert all(n < CLI_MAX_LINES for n in sizes.values()), sizes
+
+
+#: The pipeline's rooms, lowest first: a package imports only from its own room and the rooms
+#: before it (metrics sit below train, which scores validation with them; the evaluate job, which
+#: loads trained models, sits above train in evaluation/).
+LAYERS = ["errors", "registry", "utils", "config", "provenance", "store", "data", "metrics", "features",
+          "models", "viz", "train", "evaluation", "caption", "reproduce", "benchmarks", "demo", "cli"]
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[str]) -> list[tuple[str, str]]:
+    rank = {name: i for i, name in enumerate(layers)}
+
+    def room(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else None  # the package root (lazy Captioner) is no room
+
+    return sorted((m, d) for m, deps in graph.items() for d in deps
+                  if room(m) and room(d) and room(m) != room(d) and rank[room(d)] > rank[room(m)])
+
+
+def test_every_room_of_the_package_has_a_layer():
+    rooms = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+             if (p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").exists())}
+    assert rooms == set(LAYERS), rooms ^ set(LAYERS)
+
+
+def test_no_package_imports_one_above_it():
+    assert upward_imports({"captioning.models.a": {"captioning.evaluation.b"}}, LAYERS) == [
+        ("captioning.models.a", "captioning.evaluation.b")]  # the check sees the arrow it forbids
+    assert upward_imports(import_graph(), LAYERS) == []
+
+
+def test_cli_modules_hold_no_job():
+    """A console script is argument-to-job glue: one ``main`` and module-level registration, no
+    other function or class (configs and jobs live in the library)."""
+    for path in (PACKAGE / "cli").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        assert defined in ([], ["main"]), (path.name, defined)
