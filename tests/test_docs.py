@@ -1,0 +1,503 @@
+"""The documentation cannot rot: README.md and docs/**/*.md are checked against the repository.
+
+- every relative link (``[text](path#anchor)``, images, reference definitions, ``src=``/``href=``)
+  names a file that exists and is not git-ignored, and an ``#anchor`` into a markdown file names one
+  of its headings (GitHub's slugs);
+- every ``captioning-<job> ...`` command in a shell code block composes with Hydra as a user would
+  run it (``--cfg job``: the config groups, keys and types are checked against the schema; a ``-m``
+  sweep composes once per swept value); ``captioning-bench`` commands parse with the benchmark's
+  own argument parser; ``python -m captioning.<module>``, ``make <target>`` and ``pytest <file>``
+  name things that exist;
+- every ``test_*.py::test_name`` the docs cite (the reliability table) exists;
+- no stale names anywhere in the docs, the package, the configs or the tests.
+
+All commands run in one subprocess (``python tests/test_docs.py`` reads them as JSON on stdin), so
+the CLIs are imported once.  Placeholders (``<ckpt>``) become their inner word and shell variables
+take the value the block gives them (``R=...``, the first value of ``for S in 0 1 2``), else ``0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import itertools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STALE = {  # name -> what replaced it
+    "compute_loss" + "_static": "compute_loss(static=True)",
+    "captioning.training": "captioning.train",
+    "captioning.api": "captioning.caption.api (from captioning import Captioner stays)",
+    "this " + "session": "say what holds and how it was measured",
+}
+SHELL_FENCES = {"", "bash", "sh", "shell", "console", "zsh"}
+SEPARATORS = {";", "&&", "||", "|", "&"}
+KEYWORDS = {"do", "then", "else", "time", "!", "{", "(", "done", "fi", "}", ")"}
+CANARIES = [  # commands that must fail: the checker can fail
+    ("captioning-train", ["modle=soft_attention"]),
+    ("captioning-train", ["model=no_such_decoder"]),
+    ("captioning-evaluate", ["decode.beam_size=five"]),
+    ("captioning-bench", ["beam", "--no-such-flag"]),
+    ("captioning-bench", ["no-such-benchmark"]),
+]
+
+
+def doc_files() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+# ----- markdown
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int  # 1-based line of the block's first content line
+    lang: str
+    text: str
+
+
+def split_markdown(text: str) -> tuple[str, list[tuple[int, str, str]]]:
+    """(the prose with fenced blocks blanked line for line, [(first line, language, block text)])."""
+    prose, blocks, fence, lang, start, body = [], [], None, "", 0, []
+    for i, line in enumerate(text.splitlines(), 1):
+        m = re.match(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)", line)
+        if fence is None and m:
+            fence, lang, start, body = m.group(1), m.group(2).lower(), i + 1, []
+            prose.append("")
+        elif fence is not None and line.strip().startswith(fence) and not line.strip().strip(fence[0]):
+            blocks.append((start, lang, "\n".join(body)))
+            fence = None
+            prose.append("")
+        elif fence is not None:
+            body.append(line)
+            prose.append("")
+        else:
+            prose.append(line)
+    return "\n".join(prose), blocks
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: rendered text, lower case, punctuation dropped, spaces -> '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links and images -> their text
+    text = re.sub(r"<[^>]+>", "", text)  # html tags
+    text = text.replace("`", "").replace("*", "")
+    return "".join(c for c in text.strip().lower() if c.isalnum() or c in "-_ ").replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    prose, _ = split_markdown(path.read_text(encoding="utf-8"))
+    seen: dict[str, int] = {}
+    out = set()
+    for m in re.finditer(r"^#{1,6}\s+(.*?)\s*#*\s*$", prose, flags=re.M):
+        base = slug(m.group(1))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def links(path: Path) -> list[tuple[int, str]]:
+    """(line, target) of every link of a markdown file outside code."""
+    prose, _ = split_markdown(path.read_text(encoding="utf-8"))
+    out = []
+    for i, line in enumerate(prose.splitlines(), 1):
+        line = re.sub(r"`[^`]*`", "", line)
+        targets = [m.group(1) for m in re.finditer(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", line)]
+        targets += [m.group(1) for m in re.finditer(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", line)]
+        targets += [m.group(1) for m in re.finditer(r"\b(?:src|href)=\"([^\"]+)\"", line)]
+        out += [(i, t) for t in targets]
+    return out
+
+
+def is_external(target: str) -> bool:
+    return bool(re.match(r"^[a-zA-Z][\w+.-]*:", target)) or target.startswith("//")
+
+
+def broken_links(files: list[Path], repo: Path = REPO) -> list[str]:
+    """One line per link that does not resolve (file, line, target, why)."""
+    problems, local = [], []
+    for path in files:
+        for line, target in links(path):
+            if is_external(target):
+                continue
+            where = f"{path.relative_to(repo)}:{line}: ({target})"
+            file_part, _, anchor = target.partition("#")
+            dest = (path.parent / file_part).resolve() if file_part else path
+            if repo.resolve() not in (dest, *dest.parents):
+                problems.append(f"{where} leaves the repository")
+            elif not dest.exists():
+                problems.append(f"{where} no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                problems.append(f"{where} no heading with anchor #{anchor} in {dest.relative_to(repo.resolve())}")
+            else:
+                local.append((where, dest))
+    if local and (repo / ".git").exists():  # a link into an ignored folder is dead in every clone
+        listed = "\n".join(str(dest.relative_to(repo.resolve())) for _, dest in local)
+        proc = subprocess.run(["git", "check-ignore", "--stdin"], cwd=repo, input=listed, capture_output=True,
+                              text=True)
+        ignored = set(proc.stdout.split())
+        problems += [f"{where} is git-ignored" for where, dest in local
+                     if str(dest.relative_to(repo.resolve())) in ignored]
+    return problems
+
+
+# ----- shell blocks
+
+
+@dataclass(frozen=True)
+class Command:
+    where: str  # file:line
+    kind: str  # cli | module | make | pytest
+    name: str  # captioning-train | captioning.reproduce | target | ''
+    args: tuple[str, ...]
+
+
+def logical_lines(text: str) -> list[tuple[int, str]]:
+    """Lines of a shell block with backslash continuations joined: (offset of the first line, line)."""
+    out, start, parts = [], 0, []
+    for i, line in enumerate(text.splitlines()):
+        if not parts:
+            start = i
+        if line.rstrip().endswith("\\"):
+            parts.append(line.rstrip()[:-1])
+            continue
+        out.append((start, " ".join([*parts, line])))
+        parts = []
+    if parts:
+        out.append((start, " ".join(parts)))
+    return out
+
+
+def expand(token: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), "0"), token)
+
+
+def segments(line: str) -> list[list[str]]:
+    """A shell line's simple commands as token lists (comments and redirections dropped)."""
+    line = re.sub(r"<([A-Za-z][\w .-]*)>", lambda m: m.group(1).replace(" ", "_"), line)  # placeholders
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|<>")
+    lexer.whitespace_split, lexer.commenters = True, ""
+    try:
+        tokens = list(lexer)
+    except ValueError:  # unbalanced quotes: not a command line
+        return []
+    out, current, skip = [], [], False
+    for tok in tokens:
+        if tok.startswith("#"):
+            break
+        if tok in SEPARATORS:
+            out.append(current)
+            current, skip = [], False
+        elif set(tok) <= set("<>"):
+            if current and current[-1].isdigit():
+                current.pop()
+            skip = True  # a redirection: the rest until the next separator is its file
+        elif not skip:
+            current.append(tok)
+    return [s for s in [*out, current] if s]
+
+
+def block_commands(block: Block, scripts: dict[str, str]) -> list[Command]:
+    """The commands of one shell block, shell variables set as the block sets them."""
+    by_module = {target.split(":")[0]: name for name, target in scripts.items()}
+    env: dict[str, str] = {}
+    out = []
+    for offset, line in logical_lines(block.text):
+        if block.lang == "" and not re.match(r"\s*(captioning-|python|make|pytest|export|for\b|[A-Za-z_]\w*=)", line):
+            continue  # an untagged block (a diagram, a listing): only lines that start like a command
+        for tokens in segments(line):
+            while tokens and tokens[0] in KEYWORDS:
+                tokens = tokens[1:]
+            if tokens[:1] == ["for"] and len(tokens) >= 4 and tokens[2] == "in":
+                env[tokens[1]] = expand(tokens[3], env)
+                continue
+            if tokens[:1] == ["export"]:
+                tokens = tokens[1:]
+            while tokens and re.match(r"^[A-Za-z_]\w*=", tokens[0]):
+                name, _, value = tokens.pop(0).partition("=")
+                env[name] = expand(value, env)
+            if not tokens:
+                continue
+            args = [expand(t, env) for t in tokens]
+            where = f"{rel(block.path)}:{block.line + offset}"
+            program = os.path.basename(args[0])
+            if program in scripts:
+                out.append(Command(where, "cli", program, tuple(args[1:])))
+            elif re.fullmatch(r"python3?", program) and args[1:2] == ["-m"] and len(args) > 2:
+                module = args[2]
+                if module in by_module:
+                    out.append(Command(where, "cli", by_module[module], tuple(args[3:])))
+                elif module == "pytest":
+                    out.append(Command(where, "pytest", "", tuple(args[3:])))
+                elif module.startswith("captioning"):
+                    out.append(Command(where, "module", module, tuple(args[3:])))
+            elif program == "make":
+                out += [Command(where, "make", t, ()) for t in args[1:] if not t.startswith("-") and "=" not in t]
+            elif program == "pytest":
+                out.append(Command(where, "pytest", "", tuple(args[1:])))
+            elif program.startswith("captioning-"):
+                out.append(Command(where, "cli", program, tuple(args[1:])))  # an unknown script: fails below
+    return out
+
+
+def scripts() -> dict[str, str]:
+    """``captioning-<job>`` -> ``module:function`` from pyproject.toml's [project.scripts]."""
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    return dict(re.findall(r'^(captioning-[\w-]+)\s*=\s*"([\w.]+:\w+)"', text, flags=re.M))
+
+
+def doc_commands() -> list[Command]:
+    known = scripts()
+    out = []
+    for path in doc_files():
+        _, blocks = split_markdown(path.read_text(encoding="utf-8"))
+        for start, lang, text in blocks:
+            if lang in SHELL_FENCES:
+                out += block_commands(Block(path, start, lang, text), known)
+    return out
+
+
+def hydra_argvs(args: tuple[str, ...]) -> list[list[str]]:
+    """``--cfg job`` argument lists for one command: ``-m`` dropped, each swept value composed once."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    flags = {"-m", "--multirun"}
+    rest = [a for a in args if a not in flags]
+    if any(a in ("--cfg", "-c", "--help", "-h", "--info", "--hydra-help") for a in rest):
+        return [rest]
+    overrides = [a for a in rest if not a.startswith("-")]
+    options = [a for a in rest if a.startswith("-")]
+    parsed = OverridesParser.create().parse_overrides(overrides)  # a parse error fails like the real CLI
+    choices = []
+    for text, o in zip(overrides, parsed, strict=True):
+        if o.is_sweep_override():
+            key = text.split("=", 1)[0]
+            choices.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+        else:
+            choices.append([text])
+    firsts = [c[0] for c in choices]
+    variants = [firsts] + [firsts[:i] + [v] + firsts[i + 1:] for i, c in enumerate(choices) for v in c[1:]]
+    return [[*options, *v, "--cfg", "job"] for v in variants]
+
+
+# ----- the composing subprocess
+
+
+def _call(target: str, argv: list[str], bench: bool) -> tuple[int, str]:
+    module, func = target.split(":")
+    main = getattr(importlib.import_module(module), func)
+    out, err = io.StringIO(), io.StringIO()
+    code: object = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            if bench:
+                code = main(argv)
+            else:
+                from hydra.core.global_hydra import GlobalHydra
+
+                GlobalHydra.instance().clear()
+                sys.argv = [module, *argv]
+                main()
+        except SystemExit as e:
+            code = e.code
+        except Exception as e:  # noqa: BLE001 - reported with the command
+            code, _ = 1, err.write(f"{type(e).__name__}: {e}")
+    return (code if isinstance(code, int) else 1), err.getvalue().strip()
+
+
+def _compose_main() -> None:
+    """stdin: [[target, argv, bench], ...] -> stdout: [[exit code, stderr], ...]."""
+    import torch
+
+    torch.cuda.is_available = lambda: True  # `--device cuda` parses as on a GPU machine; nothing runs
+    from captioning.cli import bench as bench_cli
+
+    for name in bench_cli.BENCHMARKS:  # argument parsing only: run() does nothing
+        importlib.import_module(f"captioning.benchmarks.{name.replace('-', '_')}").run = lambda args: []
+    jobs = json.load(sys.stdin)
+    results = [_call(target, argv, is_bench) for target, argv, is_bench in jobs]
+    sys.stdout.write(json.dumps(results))
+
+
+def compose(commands: list[tuple[str, list[str]]]) -> list[tuple[int, str]]:
+    """Run each (script, argv) in one subprocess: exit code and stderr per command."""
+    known = scripts()
+    jobs = [[known[name], argv, name == "captioning-bench"] for name, argv in commands]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run([sys.executable, __file__], input=json.dumps(jobs), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [tuple(r) for r in json.loads(proc.stdout)]
+
+
+@pytest.fixture(scope="module")
+def composed() -> dict:
+    """Every doc command's compositions and the canaries, composed in one subprocess."""
+    known = scripts()
+    planned, unknown = [], []
+    for cmd in (c for c in doc_commands() if c.kind == "cli"):
+        if cmd.name not in known:
+            unknown.append(f"{cmd.where}: {cmd.name}: no such script in pyproject.toml")
+        elif cmd.name == "captioning-bench":
+            planned.append((cmd, list(cmd.args)))
+        else:
+            try:
+                planned += [(cmd, argv) for argv in hydra_argvs(cmd.args)]
+            except Exception as e:  # noqa: BLE001 - an override Hydra cannot parse
+                unknown.append(f"{cmd.where}: {cmd.name} {' '.join(cmd.args)}\n    {type(e).__name__}: {e}")
+    canaries = [(name, [*argv] if name == "captioning-bench" else [*argv, "--cfg", "job"]) for name, argv in CANARIES]
+    results = compose([(c.name, argv) for c, argv in planned] + canaries)
+    return {"planned": planned, "unknown": unknown, "results": results[:len(planned)],
+            "canaries": results[len(planned):]}
+
+
+# ----- tests
+
+
+def test_slugs_are_githubs():
+    assert slug("Multi-GPU and multi-node") == "multi-gpu-and-multi-node"
+    assert slug("Ensembles, diverse beam search, evaluation-server files") == \
+        "ensembles-diverse-beam-search-evaluation-server-files"
+    assert slug("`captioning-train`: runs and sweeps") == "captioning-train-runs-and-sweeps"
+    assert slug("Results ([generated](docs/results/README.md))") == "results-generated"
+    assert slug("Why lambda = 0") == "why-lambda--0"
+
+
+def test_the_link_checker_finds_broken_links_and_anchors(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# Title\n\n## Two words\n\n## Two words\n", encoding="utf-8")
+    (tmp_path / "README.md").write_text(
+        "[ok](docs/a.md#two-words) [ok](docs/a.md#two-words-1) [ok](#top) [web](https://x.org/y)\n"
+        "[gone](docs/b.md) [bad anchor](docs/a.md#three-words)\n```\n[in code](nowhere.md)\n```\n# Top\n",
+        encoding="utf-8")
+    problems = broken_links([tmp_path / "README.md", tmp_path / "docs" / "a.md"], repo=tmp_path)
+    assert problems == ["README.md:2: (docs/b.md) no such file",
+                        "README.md:2: (docs/a.md#three-words) no heading with anchor #three-words in docs/a.md"]
+
+
+def test_every_relative_link_resolves():
+    problems = broken_links(doc_files())
+    assert not problems, "broken links:\n" + "\n".join(problems)
+
+
+def test_shell_blocks_are_read_as_a_shell_reads_them():
+    block = Block(REPO / "README.md", 10, "bash", "\n".join([
+        "export OMP_NUM_THREADS=1",
+        "R=outputs/ens   # a comment",
+        "for S in 3 4; do",
+        "  WANDB_MODE=offline captioning-train seed=$S \\",
+        "    'callbacks=[default,swa]' hydra.run.dir=$R/s${S} > log.txt 2>&1",
+        "done",
+        "captioning-evaluate ckpt_path=<xe run>/checkpoints/best.ckpt && make demo test",
+        "python -m captioning.cli.score results=r.json; python -m captioning.reproduce --report",
+    ]))
+    known = {f"captioning-{job}": f"captioning.cli.{job}:main" for job in ("train", "evaluate", "score")}
+    got = block_commands(block, known)
+    assert got == [
+        Command("README.md:13", "cli", "captioning-train", ("seed=3", "callbacks=[default,swa]", "hydra.run.dir=outputs/ens/s3")),
+        Command("README.md:16", "cli", "captioning-evaluate", ("ckpt_path=xe_run/checkpoints/best.ckpt",)),
+        Command("README.md:16", "make", "demo", ()), Command("README.md:16", "make", "test", ()),
+        Command("README.md:17", "cli", "captioning-score", ("results=r.json",)),
+        Command("README.md:17", "module", "captioning.reproduce", ("--report",)),
+    ]
+    assert hydra_argvs(("-m", "model=a,b", "seed=0,1,2")) == [
+        ["model=a", "seed=0", "--cfg", "job"], ["model=b", "seed=0", "--cfg", "job"],
+        ["model=a", "seed=1", "--cfg", "job"], ["model=a", "seed=2", "--cfg", "job"]]
+
+
+def test_the_command_checker_refuses_bad_commands(composed):
+    for (name, argv), (code, err) in zip(CANARIES, composed["canaries"], strict=True):
+        assert code != 0 and err, f"{name} {' '.join(argv)} was accepted"
+
+
+def test_every_documented_command_composes(composed):
+    problems = list(composed["unknown"])
+    for (cmd, argv), (code, err) in zip(composed["planned"], composed["results"], strict=True):
+        if code != 0:
+            last = "\n    ".join(err.splitlines()[:4]) or f"exit {code}"
+            problems.append(f"{cmd.where}: {cmd.name} {' '.join(argv)}\n    {last}")
+    assert composed["planned"], "no captioning-* command found in the docs"
+    assert not problems, "commands that do not compose:\n" + "\n".join(problems)
+
+
+def test_documented_make_targets_modules_and_test_files_exist():
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([\w.-]+)\s*:(?!=)", makefile, flags=re.M))
+    problems = []
+    for cmd in doc_commands():
+        if cmd.kind == "make" and cmd.name not in targets:
+            problems.append(f"{cmd.where}: make {cmd.name}: no such target")
+        elif cmd.kind == "module" and importlib.util.find_spec(cmd.name) is None:
+            problems.append(f"{cmd.where}: python -m {cmd.name}: no such module")
+        elif cmd.kind == "pytest":
+            for arg in (a for a in cmd.args if ".py" in a):
+                problems += [f"{cmd.where}: pytest {arg}: {p}" for p in cited_test_problems(arg)]
+    assert not problems, "\n".join(problems)
+
+
+def cited_test_problems(ref: str) -> list[str]:
+    """What is wrong with ``[tests/]path/test_x.py[::test_name...]``: a missing file or name."""
+    path, *names = ref.split("::")
+    candidates = [REPO / path] if path.startswith("tests/") else sorted((REPO / "tests").rglob(path))
+    candidates = [c for c in candidates if c.is_file() and str(c).endswith("/" + path)]
+    if len(candidates) != 1:
+        return [f"{len(candidates)} files match {path}"]
+    source = candidates[0].read_text(encoding="utf-8")
+    names = [re.sub(r"\[.*\]$", "", n) for n in names]
+    return [f"no test {n} in {rel(candidates[0])}" for n in names
+            if not re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(n)}\b", source, flags=re.M)]
+
+
+def test_every_cited_test_exists():
+    ref = re.compile(r"(?<![\w/.])((?:tests/)?(?:[\w-]+/)*test_\w+\.py)((?:::[\w\[\]-]+)*)|(?<![\w.])::(test_\w+)")
+    problems = []
+    for path in doc_files():
+        prose, _ = split_markdown(path.read_text(encoding="utf-8"))
+        last = None  # a bare ::test_name belongs to the last file named in its paragraph
+        for i, line in enumerate(prose.splitlines(), 1):
+            if not line.strip():
+                last = None
+            for m in ref.finditer(line):
+                if m.group(1):
+                    last, cited = m.group(1), m.group(0)
+                elif last is None:
+                    problems.append(f"{rel(path)}:{i}: ::{m.group(3)} names no file before it in its paragraph")
+                    continue
+                else:
+                    cited = f"{last}::{m.group(3)}"
+                problems += [f"{rel(path)}:{i}: {cited}: {p}" for p in cited_test_problems(cited)]
+    assert not problems, "\n".join(problems)
+
+
+def test_no_stale_names():
+    roots = [REPO / "README.md", REPO / "docs", REPO / "captioning", REPO / "conf", REPO / "tests"]
+    files = itertools.chain.from_iterable([r] if r.is_file() else r.rglob("*") for r in roots)
+    pattern = re.compile("|".join(rf"\b{re.escape(n)}\b" for n in STALE), flags=re.I)
+    hits = []
+    for path in files:
+        if path.suffix not in (".py", ".md", ".yaml", ".yml", ".json", ".txt", ".ipynb") or path == Path(__file__):
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            for m in pattern.finditer(line):
+                hits.append(f"{rel(path)}:{i}: {m.group(0)} (now: {STALE[m.group(0).lower()]})")
+    assert not hits, "\n".join(hits)
+
+
+if __name__ == "__main__":
+    _compose_main()
