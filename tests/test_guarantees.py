@@ -1,4 +1,4 @@
-"""README guarantees met the way a user meets them, through the real CLIs.
+"""Guarantees of docs/reliability.md met the way a user meets them, through the real CLIs.
 
 - A checkpoint is never resumed or evaluated with another vocabulary or another encoder's
   features: exit status 2, one ``error:`` line naming the problem and the fix, no traceback.

@@ -2,8 +2,8 @@
 
 Clean synthetic annotation vectors stand in for CNN features: an object is a colour code plus a
 shape code (one-hot directions) on a random per-item background, so nothing here depends on how
-well a frozen ImageNet network names a small shape (that is what the moving_shapes probe in the
-README measures).  Trained on fresh samples every step (no overfitting), then decoded greedily:
+well a frozen ImageNet network names a small shape (docs/findings.md: what limits event order).
+Trained on fresh samples every step (no overfitting), then decoded greedily:
 
 * video: two brief events in 16 frames, "c1 s1 then c2 s2".  The order-aware temporal model
   (time code) names both events in the right order >= 90% of the time and its attention at each

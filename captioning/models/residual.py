@@ -16,7 +16,7 @@ The per-channel ``median`` over positions is the classic background estimate: wh
 fill fewer than half of the frames it is the neutral scene, so neutral frames get r_i ~ 0 and
 an event's frames get the event.  Around the ``mean`` (which holds a share of every event) the
 neutral frames get minus the average of all events, which a decoder can read without looking
-at the events at all: 1 of 3 seeds learned exactly that (pointing 0.01, README).
+at the events at all: 1 of 3 seeds learned exactly that (pointing 0.01; docs/models.md).
 
 ``sigma`` is estimated like BatchNorm's: over the valid positions of each training batch, with a
 running estimate for evaluation (saved in the checkpoint as a buffer).  The decoder attends over
