@@ -53,9 +53,9 @@ def test_presets_override_the_train_defaults():
     assert (cfg.optim.lr, cfg.optim.scheduler, cfg.trainer.max_epochs) == (1e-4, "none", 20)
     assert cfg.optim.optimizer == "adam" and cfg.data.name == "coco"
     cfg = to_config(compose_train("stage=scst"), TrainConfig)
-    assert cfg.scst.enabled and cfg.optim.lr == 2e-5 and cfg.run_name.endswith("-scst-s0")
+    assert cfg.stage == "scst" and cfg.optim.lr == 2e-5 and cfg.run_name.endswith("-scst-s0")
     cfg = to_config(compose_train("experiment=luo2020_scst"), TrainConfig)
-    assert cfg.scst.enabled and cfg.scst.baseline == "mean" and cfg.optim.lr == 5e-5
+    assert cfg.stage == "scst" and cfg.scst.baseline == "mean" and cfg.optim.lr == 5e-5
     cfg = to_config(compose_train("debug=tiny", "trainer.max_epochs=3"), TrainConfig)
     assert cfg.trainer.max_epochs == 3 and cfg.trainer.limit_train_batches == 5
 
@@ -124,3 +124,19 @@ def test_every_yaml_is_used(tmp_path):
     assert MODELS and EXPERIMENTS and len(TRAINERS) >= 4
     assert {"cpu", "gpu", "ddp", "ddp_cpu"} <= set(TRAINERS)
     assert Path(CONF / "hydra" / "launcher" / "slurm.yaml").is_file()
+
+
+def test_the_stage_is_one_value_also_in_older_checkpoints():
+    from captioning.errors import ConfigError
+    from captioning.train.stage import stage_of, without_flags
+
+    assert [stage_of({"stage": s}) for s in ("xe", "scst", "finetune")] == ["xe", "scst", "finetune"]
+    # configs written before the stage was one value: their flags say it
+    assert stage_of({"scst": {"enabled": True}, "finetune": {"enabled": False}}) == "scst"
+    assert stage_of({"finetune": {"enabled": True, "blocks": 2}}) == "finetune"
+    assert stage_of({"scst": {"enabled": False}}) == "xe" and stage_of({}) == "xe"
+    with pytest.raises(ConfigError, match="stage='scst\\+finetune': use xe"):
+        stage_of({"scst": {"enabled": True}, "finetune": {"enabled": True}})
+    with pytest.raises(ConfigError, match="stage='rl'"):
+        stage_of({"stage": "rl"})
+    assert without_flags({"enabled": True, "blocks": 2}) == {"blocks": 2}

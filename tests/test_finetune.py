@@ -113,10 +113,10 @@ def test_stage_finetune_composes() -> None:
     from captioning.train.job import TrainConfig
 
     cfg = to_config(compose_train("stage=finetune", "init_from=stage1.ckpt"), TrainConfig)
-    assert cfg.finetune == FinetuneConfig(enabled=True, blocks=3, encoder_lr=1e-4) and not cfg.scst.enabled
+    assert cfg.finetune == FinetuneConfig(blocks=3, encoder_lr=1e-4) and cfg.stage == "finetune"
     assert cfg.run_name == "shapes-soft_attention-additive-ft-s0" and cfg.init_from == "stage1.ckpt"
     assert cfg.callbacks["attention_images"] is None and cfg.data.batch_size == 32
-    assert not to_config(compose_train(), TrainConfig).finetune.enabled
+    assert to_config(compose_train(), TrainConfig).stage == "xe"
 
 
 # ---------------------------------------------------------------------------- the real CLI
@@ -193,7 +193,7 @@ def test_finetune_changes_only_the_unfrozen_blocks(shapes, finetuned) -> None:
     state = finetuned["state"]
     assert state["global_step"] == 2 * STEPS and f"initialised from {shapes['stage1']}" in finetuned["log"]
     hp = state["hyper_parameters"]
-    assert hp["config"]["finetune"] == {"enabled": True, "blocks": 2, "encoder_lr": 5e-3}
+    assert hp["config"]["stage"] == "finetune" and hp["config"]["finetune"] == {"blocks": 2, "encoder_lr": 5e-3}
     store_meta = FeatureStore.open(shapes["features"]).meta
     assert hp["feature_meta"]["settings"] == {**store_meta["settings"], "finetune": {"blocks": 2}}
     initial = build_backbone(LITE0).classifier  # what the store was extracted with: seeded random weights

@@ -76,11 +76,11 @@ def scst(xe: dict, name: str, *extra: str) -> tuple[Path, object]:
 
 
 def scst_config(run: Path) -> dict:
-    """The ``scst`` settings the run trained with (resolved, from its checkpoint)."""
+    """The training config the run trained with (resolved, from its checkpoint)."""
     import torch
 
     state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-    return state["hyper_parameters"]["config"]["scst"]
+    return state["hyper_parameters"]["config"]
 
 
 def check_raised(xe: dict, run: Path, label: str) -> float:
@@ -102,8 +102,9 @@ def test_scst_raises_val_cider_over_its_xe_checkpoint(xe, preset):
     extra = ["scst.samples=5", "optim.lr=2e-3"] if preset == "rennie2017_scst" else []
     run, _ = scst(xe, preset, f"experiment={preset}", "data.batch_size=16", *extra)
     baseline = {"luo2020_scst": "mean", "rennie2017_scst": "greedy"}[preset]
-    assert {k: scst_config(run)[k] for k in ("enabled", "baseline", "samples", "max_length")} == {
-        "enabled": True, "baseline": baseline, "samples": 5, "max_length": 24}
+    assert scst_config(run)["stage"] == "scst"
+    assert {k: scst_config(run)["scst"][k] for k in ("baseline", "samples", "max_length")} == {
+        "baseline": baseline, "samples": 5, "max_length": 24}
     cider = check_raised(xe, run, preset)
     if preset == "luo2020_scst":  # the logged number is captioning-evaluate's for that checkpoint
         assert evaluate_val(run / "checkpoints" / "last.ckpt", xe["root"] / "eval-scst") == pytest.approx(cider, abs=1e-6)

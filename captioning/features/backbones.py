@@ -740,6 +740,6 @@ def stages(backbone: Backbone) -> list[tuple[str, nn.Module]]:
     if not found:
         raise ConfigError(
             f"encoder {backbone.cfg.name}: its stages are not known, so its last blocks cannot be fine-tuned; "
-            f"register it with stages=<function listing them> (or set finetune.enabled=false)"
+            f"register it with stages=<function listing them> (or train with stage=xe)"
         )
     return found

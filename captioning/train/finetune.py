@@ -47,6 +47,7 @@ from captioning.features.encoders import build_encoder
 from captioning.features.extract import MediaDataset, MediaItem
 from captioning.features.featurize import encoder_config, rebuild_backbone, stored_preprocessing
 from captioning.train.module import CaptioningModule
+from captioning.train.stage import stage_of, without_flags
 
 log = logging.getLogger("captioning.train.finetune")
 
@@ -55,7 +56,6 @@ log = logging.getLogger("captioning.train.finetune")
 class FinetuneConfig:
     """``stage=finetune``: train the encoder's last ``blocks`` stages with the decoder, from raw images."""
 
-    enabled: bool = False
     blocks: int = 3  # the last k stages of the encoder (backbones.stages) train; the rest stay frozen
     encoder_lr: float = 1.0e-4  # their learning rate (the decoder keeps optim.lr); the same schedule
 
@@ -75,13 +75,13 @@ def finetuned_meta(store_meta: Mapping[str, Any], cfg: FinetuneConfig) -> dict[s
     the fine-tuning (so the store's features are refused for it) and ``dtype`` float32 (the
     encoder's output goes to the decoder as it is, not through a float16 store)."""
     if store_meta.get("streams"):
-        raise ConfigError("finetune.enabled=true needs one feature store (a 2-D image encoder), not several "
+        raise ConfigError("stage=finetune needs one feature store (a 2-D image encoder), not several "
                           "feature streams: set features_dir=<one folder>")
     if store_meta.get("kind", "image") != "image":
-        raise ConfigError("finetune.enabled=true trains an image encoder from raw images: it needs data.kind=image "
+        raise ConfigError("stage=finetune trains an image encoder from raw images: it needs data.kind=image "
                           "(video features cannot be fine-tuned here)")
     if not isinstance(store_meta.get("encoder"), dict):
-        raise ConfigError("finetune.enabled=true needs a feature store that records its encoder (written by "
+        raise ConfigError("stage=finetune needs a feature store that records its encoder (written by "
                           "captioning-extract): re-extract the features")
     settings = {**store_meta["settings"], "finetune": {"blocks": int(cfg.blocks)}}
     return {**store_meta, "settings": settings, "dtype": "float32"}
@@ -143,7 +143,7 @@ class FinetuneModule(CaptioningModule):
     def __init__(self, config: dict, vocab: dict, feature_meta: dict, *, initial_weights: bool = False) -> None:
 
         super().__init__(config, vocab, feature_meta)
-        self.finetune_cfg = FinetuneConfig(**config.get("finetune", {})).validate()
+        self.finetune_cfg = FinetuneConfig(**without_flags(config.get("finetune"))).validate()
         base = base_meta(feature_meta)
         source = f"features_dir={config.get('features_dir')}"
         if initial_weights:
@@ -151,7 +151,7 @@ class FinetuneModule(CaptioningModule):
         else:
             encoder = build_encoder(dataclasses.replace(encoder_config(base, source), weights="none"))
         if encoder.is_clip_encoder or base.get("kind", "image") != "image":
-            raise ConfigError("finetune.enabled=true fine-tunes a 2-D image encoder: it needs data.kind=image")
+            raise ConfigError("stage=finetune fine-tunes a 2-D image encoder: it needs data.kind=image")
         self.encoder = encoder
         self.preprocessing: Preprocessing = encoder.preprocessing()
         self.trained_stages = unfreeze_last(encoder, self.finetune_cfg.blocks)
@@ -300,13 +300,10 @@ def finetune_data(cfg: Any, splits: dict, store: Any, vocab: Vocabulary) -> tupl
     module and the model's feature meta (``finetuned_meta`` of the store's)."""
 
     cfg.finetune.validate()
-    if cfg.scst.enabled:
-        raise ConfigError("finetune.enabled=true with scst.enabled=true: fine-tune with cross-entropy (stage=finetune),"
-                          " then run stage=scst from that checkpoint")
     if cfg.data.kind != "image":
-        raise ConfigError(f"finetune.enabled=true needs an image dataset; data={cfg.data.name} is '{cfg.data.kind}'")
+        raise ConfigError(f"stage=finetune needs an image dataset; data={cfg.data.name} is '{cfg.data.kind}'")
     if store.meta.get("imported"):
-        raise ConfigError(f"finetune.enabled=true needs the encoder of the features, but {store.root} holds imported "
+        raise ConfigError(f"stage=finetune needs the encoder of the features, but {store.root} holds imported "
                           f"features (captioning-import): fine-tune on features from captioning-extract")
     meta = finetuned_meta(store.meta, cfg.finetune)
     dm = ImageCaptionDataModule(
@@ -320,4 +317,4 @@ def finetune_data(cfg: Any, splits: dict, store: Any, vocab: Vocabulary) -> tupl
 def captioner_class(config: Mapping[str, Any]) -> type[CaptioningModule]:
     """The LightningModule class of a checkpoint's ``config``: ``FinetuneModule`` when it was trained
     end to end (its encoder weights are in the checkpoint), else ``CaptioningModule``."""
-    return FinetuneModule if (config.get("finetune") or {}).get("enabled") else CaptioningModule
+    return FinetuneModule if stage_of(config) == "finetune" else CaptioningModule

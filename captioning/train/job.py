@@ -37,6 +37,7 @@ from captioning.train.finetune import FinetuneConfig, FinetuneModule, finetune_d
 from captioning.train.identity import decide_resume, fingerprint
 from captioning.train.module import CaptioningModule, OptimConfig, config_dict
 from captioning.train.scst import ScstConfig
+from captioning.train.stage import stage_of
 from captioning.utils.io import atomic_write_json, atomic_write_text
 
 log = logging.getLogger("captioning.train")
@@ -67,6 +68,7 @@ class TrainConfig:
     resume: str = "auto"
     eval_batch_size: int = 128
     compile: bool = False  # torch.compile the fixed-shape loss (CUDA graphs on a GPU)
+    stage: str = "xe"  # xe | scst | finetune (conf/stage/; captioning.train.stage)
     scst: ScstConfig = field(default_factory=ScstConfig)  # stage=scst: self-critical fine-tuning
     init_from: str | None = None  # start from this checkpoint's weights (a new run; e.g. XE -> SCST)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)  # stage=finetune: the encoder too
@@ -164,6 +166,7 @@ def train(cfg: TrainConfig) -> dict:
     refused before anything in the folder is written (``identity.decide_resume``).
     """
     decoder_config(cfg.model)  # a bad model config stops here, before any data is read
+    stage = stage_of(config_dict(cfg))
     cfg.scst.validate()
     out = Path(cfg.output_dir)
     config = config_dict(cfg)
@@ -175,19 +178,19 @@ def train(cfg: TrainConfig) -> dict:
         splits, store = read_data(cfg)
         vocab = build_vocabulary(splits["train"], min_count=cfg.data.min_count)
         meta = dict(store.meta)  # what the model is trained on (fine-tuning: the encoder's output)
-        if cfg.finetune.enabled:  # end to end from raw images (captioning.train.finetune)
+        if stage == "finetune":  # end to end from raw images (captioning.train.finetune)
             dm, meta = finetune_data(cfg, splits, store, vocab)
         else:
             dm = CaptionDataModule(
                 splits, store, vocab, max_length=cfg.data.max_length, batch_size=cfg.data.batch_size,
-                eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=cfg.scst.enabled,
+                eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=stage == "scst",
             )
         if rank_zero_only.rank == 0:  # temp files of checkpoint writes a killed run left behind
             for stale in ckpt.parent.glob(".*.tmp"):
                 stale.unlink(missing_ok=True)
         resume_step = check_resumable(resume_from, vocab.to_dict(), meta)
-        module_cls = FinetuneModule if cfg.finetune.enabled else CaptioningModule
-        extra = {"initial_weights": not resume_from} if cfg.finetune.enabled else {}
+        module_cls = FinetuneModule if stage == "finetune" else CaptioningModule
+        extra = {"initial_weights": not resume_from} if stage == "finetune" else {}
         model = module_cls(config=config, vocab=vocab.to_dict(), feature_meta=meta, **extra)
         parent = None
         if cfg.init_from and not resume_from:  # e.g. XE -> SCST: a new run from a finished one's weights

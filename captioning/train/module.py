@@ -27,6 +27,7 @@ from captioning.models.decoders import CaptionDecoder, build_decoder
 from captioning.models.positions import layout_from_meta
 from captioning.models.search import BeamConfig, Hypothesis, decode_batch, greedy_decode, sample
 from captioning.train.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
+from captioning.train.stage import stage_of, without_flags
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ class CaptioningModule(pl.LightningModule):
         self.optim_cfg = OptimConfig(**config.get("optim", {}))
         self.decode_cfg = BeamConfig(**config.get("decode", {}))
         self.run_record: dict | None = None  # fingerprint + provenance, saved in every checkpoint
-        self.scst_cfg = ScstConfig(**config.get("scst", {})).validate()
+        self.stage = stage_of(config)
+        self.scst_cfg = ScstConfig(**without_flags(config.get("scst"))).validate()
         self._reward: Any = None  # stage=scst: CIDEr-D against the training references
         self.decoder: CaptionDecoder = build_decoder(
             config["model"], len(self.vocab), int(feature_meta["dim"]), layout_from_meta(feature_meta),
@@ -119,7 +121,7 @@ class CaptioningModule(pl.LightningModule):
         return self._compiled_loss(features, mask, tokens, label_smoothing=smoothing)
 
     def on_fit_start(self) -> None:
-        if self.scst_cfg.enabled:
+        if self.stage == "scst":
 
             refs = self.trainer.datamodule.items["train"].references
             self._reward = CiderD([[r.split() for r in item] for item in refs])  # df once
@@ -158,7 +160,7 @@ class CaptioningModule(pl.LightningModule):
         return out
 
     def training_step(self, batch, batch_idx: int):
-        if self.scst_cfg.enabled:
+        if self.stage == "scst":
             losses = self._scst_loss(batch)
         else:
             losses = self._loss(batch.features.float(), batch.mask, batch.tokens)

@@ -33,7 +33,6 @@ __all__ = ["ScstConfig", "leave_one_out_baseline", "scst_surrogate"]
 class ScstConfig:
     """The self-critical stage (``stage=scst``; presets ``experiment=rennie2017_scst|luo2020_scst``)."""
 
-    enabled: bool = False
     baseline: str = "greedy"  # greedy (Rennie et al. 2017) | mean of the other samples (Luo 2020)
     samples: int = 5  # captions drawn per item
     max_length: int = 16  # words per sampled caption
