@@ -128,3 +128,13 @@ def data_overrides(root: Path, features_dir: Path) -> list[str]:
 @pytest.fixture
 def tiny_images(tmp_path: Path) -> dict:
     return make_tiny_image_dataset(tmp_path / "tiny")
+
+
+def featurize_files(backbone, paths, kind: str, **kwargs) -> list:
+    """``captioning.features.featurize.featurize`` for a list of files, in their order (ids = positions)."""
+    from captioning.features.featurize import featurize
+
+    got = {}
+    for batch in featurize(backbone, [(str(i), str(p)) for i, p in enumerate(paths)], kind, **kwargs):
+        got.update({f.item_id: f for f in batch})
+    return [got[str(i)] for i in range(len(paths))]

@@ -113,7 +113,7 @@ def test_caption_images_folders_and_failures_in_input_order(soft, ckpts, tmp_pat
 
 
 def test_caption_features_equals_raw_captioning(soft, ckpts):
-    from captioning.features.featurize import featurize_files
+    from conftest import featurize_files
 
     raw = soft.caption([str(p) for p in ckpts["images"]], beam_size=3)
     feats = featurize_files(soft.backbone(), ckpts["images"], "image")
@@ -146,12 +146,12 @@ def test_caption_features_masks_positions_past_valid(soft):
 def test_decoding_options_map_onto_beam_config(soft, ckpts):
     from captioning.caption.api import beam_config
     from captioning.errors import ConfigError
-    from captioning.models.search import BeamConfig
+    from captioning.models.search import DecodeConfig
 
     cfg = beam_config(beam_size=4, length_penalty="gnmt", alpha=0.7)
-    assert cfg == BeamConfig(beam_size=4, length_penalty="gnmt", alpha=0.7)
-    base = BeamConfig(beam_size=5, max_length=9)
-    assert beam_config(base, max_length=3) == BeamConfig(beam_size=5, max_length=3) and base.max_length == 9
+    assert cfg == DecodeConfig(beam_size=4, length_penalty="gnmt", alpha=0.7)
+    base = DecodeConfig(beam_size=5, max_length=9)
+    assert beam_config(base, max_length=3) == DecodeConfig(beam_size=5, max_length=3) and base.max_length == 9
     with pytest.raises(ConfigError, match=r"unknown decoding option\(s\) \['beam'\].*beam_size"):
         soft.caption(ckpts["images"][:1], beam=3)
     with pytest.raises(ConfigError, match="beam_size must be >= 1"):
@@ -230,9 +230,10 @@ def test_caption_split_decodes_the_checkpoint_feature_store(ckpts, soft, tmp_pat
     import json
     from dataclasses import asdict
 
+    from conftest import featurize_files
+
     from captioning import Captioner
     from captioning.config import DataConfig
-    from captioning.features.featurize import featurize_files
     from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
 
     images = ckpts["images"]

@@ -113,10 +113,10 @@ def video_ckpt(tmp_path_factory) -> dict:
 
 def _config(ckpt: Path, inputs: list, out: Path, **kw):
     from captioning.cli.caption import CaptionConfig
-    from captioning.models.search import BeamConfig
+    from captioning.models.search import DecodeConfig
 
     return CaptionConfig(ckpt_path=str(ckpt), inputs=[str(i) for i in inputs], output_dir=str(out),
-                         decode=BeamConfig(beam_size=2, max_length=6), device="cpu", batch_size=4,
+                         decode=DecodeConfig(beam_size=2, max_length=6), device="cpu", batch_size=4,
                          num_workers=0, progress=False, **kw)
 
 
@@ -201,8 +201,9 @@ def test_resolve_device():
 
 @pytest.mark.slow
 def test_raw_image_features_equal_stored_features(image_ckpt):
+    from conftest import featurize_files
+
     from captioning.features.backbones import build_backbone
-    from captioning.features.featurize import featurize_files
     from captioning.store.feature_store import FeatureStore
 
     store = FeatureStore.open(image_ckpt["features_dir"])
@@ -218,8 +219,9 @@ def test_raw_image_features_equal_stored_features(image_ckpt):
 
 @pytest.mark.slow
 def test_raw_video_features_equal_stored_features(video_ckpt):
+    from conftest import featurize_files
+
     from captioning.features.backbones import build_backbone
-    from captioning.features.featurize import featurize_files
     from captioning.store.feature_store import FeatureStore
 
     store = FeatureStore.open(video_ckpt["features_dir"])

@@ -296,7 +296,9 @@ def test_extract_job_runs_every_clip_encoder(name: str, videos, tmp_path: Path) 
 
 def test_store_meta_rebuilds_the_extractor(videos, r21d_store) -> None:
     """What a checkpoint keeps (the store meta) rebuilds the same clip extractor and features."""
-    from captioning.features.featurize import featurize_files, rebuild_backbone
+    from conftest import featurize_files
+
+    from captioning.features.featurize import rebuild_backbone
     from captioning.store.feature_store import FeatureStore
 
     store = FeatureStore.open(r21d_store["dir"])

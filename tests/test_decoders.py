@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from captioning.models.decoders import build_decoder, decoder_class, decoder_names
-from captioning.models.search import BeamConfig, beam_search, greedy_decode
+from captioning.models.search import DecodeConfig, beam_search, greedy_decode
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 V, C, LAYOUT = 12, 6, (2, 2)
@@ -90,7 +90,7 @@ def test_greedy_equals_beam_of_width_one(name: str, i: int) -> None:
     dec = _decoder(name, i, seed=2).eval()
     feats, mask, _ = _batch(2)
     greedy = greedy_decode(dec, feats, mask, 7, BOS, EOS, unk=UNK, min_length=1)
-    beam = beam_search(dec, feats, mask, BeamConfig(beam_size=1, max_length=7), BOS, EOS, UNK)
+    beam = beam_search(dec, feats, mask, DecodeConfig(beam_size=1, max_length=7), BOS, EOS, UNK)
     for g, b in zip(greedy, beam, strict=True):
         assert g.tokens == b[0].tokens
         assert g.score == pytest.approx(b[0].score, abs=1e-5)
@@ -105,7 +105,7 @@ def test_batched_beam_equals_beam_per_item(name: str, i: int) -> None:
         for p in dec.parameters():
             p.mul_(2.0)
     feats, mask, _ = _batch(3)
-    cfg = BeamConfig(beam_size=3, max_length=6, length_penalty="gnmt", n_best=2)
+    cfg = DecodeConfig(beam_size=3, max_length=6, length_penalty="gnmt", n_best=2)
     batched = beam_search(dec, feats, mask, cfg, BOS, EOS, UNK)
     for k in range(feats.shape[0]):
         single = beam_search(dec, feats[k: k + 1], mask[k: k + 1], cfg, BOS, EOS, UNK)[0]

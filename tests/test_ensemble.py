@@ -19,7 +19,7 @@ from captioning.errors import ConfigError
 from captioning.evaluation.job import EvaluateConfig, evaluate
 from captioning.models.decoders import build_decoder
 from captioning.models.ensemble import EnsembleDecoder
-from captioning.models.search import BeamConfig, beam_search, decode_batch
+from captioning.models.search import DecodeConfig, beam_search, decode_batch
 from captioning.store.feature_store import FeatureStore
 from captioning.train.checkpoint import load_captioner, load_ensemble
 
@@ -42,11 +42,11 @@ def _feats(b: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(b, N, C, generator=g), mask
 
 
-@pytest.mark.parametrize("cfg", [BeamConfig(beam_size=3, max_length=7, n_best=3),
-                                 BeamConfig(beam_size=1, max_length=7),
-                                 BeamConfig(beam_size=4, groups=2, diversity_strength=0.7, max_length=7, n_best=4,
+@pytest.mark.parametrize("cfg", [DecodeConfig(beam_size=3, max_length=7, n_best=3),
+                                 DecodeConfig(beam_size=1, max_length=7),
+                                 DecodeConfig(beam_size=4, groups=2, diversity_strength=0.7, max_length=7, n_best=4,
                                             length_penalty="gnmt")])
-def test_ensemble_of_one_is_that_decoder_exactly(cfg: BeamConfig) -> None:
+def test_ensemble_of_one_is_that_decoder_exactly(cfg: DecodeConfig) -> None:
     """logsumexp of one log-prob is that log-prob and log 1 = 0: the same words, the same scores
     and the same attention, bit for bit (beam search, greedy, diverse beam search)."""
     dec = _decoder(0)
@@ -84,7 +84,7 @@ def test_ensemble_beam_search_reindexes_every_member() -> None:
     ens = EnsembleDecoder([_decoder(4, scale=1.5), _decoder(5, scale=1.5)])
     feats, mask = _feats(5, seed=2)
     mask[3, 1:] = False
-    cfg = BeamConfig(beam_size=3, max_length=8, n_best=2, length_penalty="gnmt")
+    cfg = DecodeConfig(beam_size=3, max_length=8, n_best=2, length_penalty="gnmt")
     batched = beam_search(ens, feats, mask, cfg, BOS, EOS, UNK)
     for i in range(5):
         single = beam_search(ens, feats[i:i + 1], mask[i:i + 1], cfg, BOS, EOS, UNK)[0]
@@ -95,7 +95,7 @@ def test_ensemble_beam_search_reindexes_every_member() -> None:
 def test_ensemble_of_two_copies_is_the_decoder() -> None:
     dec = _decoder(6)
     feats, mask = _feats(seed=3)
-    cfg = BeamConfig(beam_size=3, max_length=7)
+    cfg = DecodeConfig(beam_size=3, max_length=7)
     one = beam_search(dec, feats, mask, cfg, BOS, EOS, UNK)
     two = beam_search(EnsembleDecoder([dec, dec]), feats, mask, cfg, BOS, EOS, UNK)
     assert [h[0].tokens for h in one] == [h[0].tokens for h in two]
@@ -134,7 +134,7 @@ def tiny(tmp_path_factory) -> dict:
 
 
 def _evaluate(ckpt, out: Path, **kw) -> dict:
-    cfg = EvaluateConfig(ckpt_path=ckpt, split="test", decode=BeamConfig(beam_size=3, max_length=6),
+    cfg = EvaluateConfig(ckpt_path=ckpt, split="test", decode=DecodeConfig(beam_size=3, max_length=6),
                          trainer=TrainerConfig(accelerator="cpu", enable_progress_bar=False),
                          output_dir=None if out is None else str(out),
                          metrics=["bleu", "cider"], num_workers=0, **kw)
@@ -182,7 +182,7 @@ def test_captioner_from_several_checkpoints(tiny) -> None:
     assert [r.caption for r in one] == [r.caption for r in listed]
     assert [r.score for r in one] == [r.score for r in listed]
     three = Captioner.from_checkpoint(tiny["ckpts"], device="cpu")
-    results = three.caption_features(feats, decode=replace(BeamConfig(), beam_size=4, groups=2, n_best=4))
+    results = three.caption_features(feats, decode=replace(DecodeConfig(), beam_size=4, groups=2, n_best=4))
     for r in results:
         assert r.ok and abs(r.attention.sum(-1) - 1).max() < 1e-5
         assert len(r.nbest) >= 2 and r.nbest[0] == (r.caption, r.score)

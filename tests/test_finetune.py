@@ -241,8 +241,10 @@ def test_finetune_resumes_after_a_kill_with_the_same_weights(shapes, finetuned, 
 def test_caption_uses_the_finetuned_encoder(shapes, finetuned, tmp_path: Path) -> None:
     """``captioning-caption`` on the fine-tuned checkpoint = ``Captioner`` with the checkpoint's encoder
     weights, whose features are the fine-tuned network's and not the store's (random-init) encoder's."""
+    from conftest import featurize_files
+
     from captioning.caption.api import Captioner
-    from captioning.features.featurize import featurize_files, featurize_streams
+    from captioning.features.featurize import featurize_streams
 
     images = shapes["images"][-2:]
     captioner = Captioner.from_checkpoint(finetuned["ckpt"], device="cpu")

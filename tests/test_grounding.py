@@ -9,16 +9,21 @@ import pytest
 from captioning.errors import ConfigError, DataError
 from captioning.evaluation.grounding import (
     Geometry,
-    attention_mass_in_box,
+    Region,
     cell_box_overlap,
     evaluate_grounding,
     frames_in_span,
     owners_in_context,
-    pointing_hit,
-    video_mass_in_span,
-    video_pointing_hit,
     word_classes_of,
 )
+
+
+def mass(alpha, region: Region) -> float:
+    return region.score(np.asarray(alpha, dtype=np.float64))[0]
+
+
+def hit(alpha, region: Region) -> bool:
+    return region.score(np.asarray(alpha, dtype=np.float64))[1]
 
 GRID = (2, 2)
 SIZE = (4, 4)
@@ -32,11 +37,11 @@ def test_box_covering_exactly_one_cell():
     overlap = cell_box_overlap(GRID, SIZE, TOP_LEFT)
     np.testing.assert_allclose(overlap, [1, 0, 0, 0])
     onehot = np.array([1.0, 0, 0, 0])
-    assert attention_mass_in_box(onehot, overlap) == pytest.approx(1.0)
-    assert pointing_hit(onehot, GRID, SIZE, TOP_LEFT)
-    uniform = np.full(4, 0.25)
-    assert attention_mass_in_box(uniform, overlap) == pytest.approx(0.25)
-    assert not pointing_hit(np.array([0, 0, 0, 1.0]), GRID, SIZE, TOP_LEFT)
+    region = Region.of_box(GRID, SIZE, TOP_LEFT)
+    assert mass(onehot, region) == pytest.approx(1.0) and hit(onehot, region)
+    assert mass(np.full(4, 0.25), region) == pytest.approx(0.25)
+    assert not hit([0, 0, 0, 1.0], region)
+    assert (region.chance_mass, region.chance_hit) == (0.25, 0.25)
 
 
 def test_half_cell_and_straddling_boxes():
@@ -48,9 +53,9 @@ def test_half_cell_and_straddling_boxes():
     # a box beyond the image is clipped
     np.testing.assert_allclose(cell_box_overlap(GRID, SIZE, [3, 3, 9, 9]), [0, 0, 0, 0.25])
     # half a cell: its centre (1, 1) is not inside [0, 1) x [0, 2)
-    assert not pointing_hit(np.array([1.0, 0, 0, 0]), GRID, SIZE, [0, 0, 1, 2])
+    assert not hit([1.0, 0, 0, 0], Region.of_box(GRID, SIZE, [0, 0, 1, 2]))
     # renormalised: attention that does not sum to 1
-    assert attention_mass_in_box(np.array([2.0, 2, 0, 0]), [1, 0, 0, 0]) == pytest.approx(0.5)
+    assert mass([2.0, 2, 0, 0], Region.of_box(GRID, SIZE, TOP_LEFT)) == pytest.approx(0.5)
 
 
 def test_non_square_grid_and_image():
@@ -70,7 +75,7 @@ def test_centre_crop_geometry_shifts_cells():
     # resize the shorter side 8 -> 4 (scale 0.5: 16x8 -> 8x4), then crop x in [2, 6)
     geom = Geometry(size=4, resize=4)
     np.testing.assert_allclose(cell_box_overlap(GRID, (16, 8), [4, 0, 8, 4], geom), [1, 0, 0, 0])
-    assert pointing_hit(np.array([1.0, 0, 0, 0]), GRID, (16, 8), [4, 0, 8, 4], geom)
+    assert hit([1.0, 0, 0, 0], Region.of_box(GRID, (16, 8), [4, 0, 8, 4], geom))
     # portrait image: the crop removes rows instead
     np.testing.assert_allclose(cell_box_overlap(GRID, (4, 8), [0, 2, 2, 4], Geometry(size=4)), [1, 0, 0, 0])
     # squash: 8x4 -> 4x4, x scaled by 0.5
@@ -118,13 +123,13 @@ def test_video_mass_and_pointing_ignore_padded_frames():
     frames = [0, 10, 20, 20]  # the last one is padding (valid = 3)
     alpha = np.array([0.1, 0.2, 0.3, 0.4])
     # valid frames renormalised: [1/6, 2/6, 3/6]; only frame 20 is in [20, 30)
-    assert video_mass_in_span(alpha, frames, [20, 30], valid_frames=3) == pytest.approx(0.5)
-    assert video_pointing_hit(alpha, frames, [20, 30], valid_frames=3)
-    assert not video_pointing_hit(alpha, frames, [0, 20], valid_frames=3)
+    assert mass(alpha, Region.of_span(frames, [20, 30], valid_frames=3)) == pytest.approx(0.5)
+    assert hit(alpha, Region.of_span(frames, [20, 30], valid_frames=3))
+    assert not hit(alpha, Region.of_span(frames, [0, 20], valid_frames=3))
     # counting the padded frame would double the mass in the span
-    assert video_mass_in_span(alpha, frames, [20, 30]) == pytest.approx(0.7)
+    assert mass(alpha, Region.of_span(frames, [20, 30])) == pytest.approx(0.7)
     # grid features: K=2 frames x 2 cells, frame-major -> per-frame sums [0.3, 0.7]
-    assert video_mass_in_span(np.array([0.1, 0.2, 0.3, 0.4]), [0, 10], [10, 11]) == pytest.approx(0.7)
+    assert mass([0.1, 0.2, 0.3, 0.4], Region.of_span([0, 10], [10, 11])) == pytest.approx(0.7)
 
 
 # ----------------------------------------------------------------------------- aggregation

@@ -12,7 +12,7 @@ from conftest import run_bench
 from captioning.errors import ConfigError
 from captioning.models.decoders import build_decoder
 from captioning.models.search import (
-    BeamConfig,
+    DecodeConfig,
     beam_search,
     decode_batch,
     greedy_decode,
@@ -68,7 +68,7 @@ def test_beam_equals_exhaustive_search(penalty: str) -> None:
             scored.append((raw / length_penalty(n + 1, penalty, 0.6), list(seq)))
     scored.sort(key=lambda x: -x[0])
     # 39 sequences; a beam wider than all candidates is exact
-    cfg = BeamConfig(
+    cfg = DecodeConfig(
         beam_size=40, max_length=max_len, min_length=1, length_penalty=penalty, n_best=5
     )
     hyps = beam_search(dec, feats, mask, cfg, BOS, EOS, UNK)[0]
@@ -82,12 +82,12 @@ def test_beam_one_equals_greedy() -> None:
     dec = _model(vocab=9, seed=1)
     feats, mask = _feats(4, seed=1)
     greedy = greedy_decode(dec, feats, mask, 8, BOS, EOS, unk=UNK, min_length=1)
-    beam = beam_search(dec, feats, mask, BeamConfig(beam_size=1, max_length=8), BOS, EOS, UNK)
+    beam = beam_search(dec, feats, mask, DecodeConfig(beam_size=1, max_length=8), BOS, EOS, UNK)
     for g, b in zip(greedy, beam, strict=True):
         assert g.tokens == b[0].tokens
         assert g.score == pytest.approx(b[0].score, abs=1e-5)
         torch.testing.assert_close(g.attention, b[0].attention)
-    via = decode_batch(dec, feats, mask, BeamConfig(beam_size=1, max_length=8), BOS, EOS, UNK)
+    via = decode_batch(dec, feats, mask, DecodeConfig(beam_size=1, max_length=8), BOS, EOS, UNK)
     assert [h[0].tokens for h in via] == [g.tokens for g in greedy]
 
 
@@ -96,7 +96,7 @@ def test_batched_equals_per_item(penalty: str) -> None:
     dec = _model(vocab=10, seed=2, scale=1.5)
     feats, mask = _feats(5, seed=2)
     mask[3, 1:] = False
-    cfg = BeamConfig(beam_size=3, max_length=7, length_penalty=penalty, n_best=3)
+    cfg = DecodeConfig(beam_size=3, max_length=7, length_penalty=penalty, n_best=3)
     batched = beam_search(dec, feats, mask, cfg, BOS, EOS, UNK)
     for i in range(5):
         single = beam_search(dec, feats[i : i + 1], mask[i : i + 1], cfg, BOS, EOS, UNK)[0]
@@ -112,7 +112,7 @@ def test_early_exit_does_not_change_results(penalty: str) -> None:
     with torch.no_grad():
         dec.out_vocab.bias[EOS] = 0.5  # finish early and at different steps
     feats, mask = _feats(6, seed=8)
-    cfg = BeamConfig(beam_size=3, max_length=12, length_penalty=penalty, n_best=2)
+    cfg = DecodeConfig(beam_size=3, max_length=12, length_penalty=penalty, n_best=2)
     fast = beam_search(dec, feats, mask, cfg, BOS, EOS, UNK)
     full = beam_search(dec, feats, mask, cfg, BOS, EOS, UNK, early_exit=False)
     for a, b in zip(fast, full, strict=True):
@@ -124,7 +124,7 @@ def test_nbest_distinct_sorted_and_attention_rows() -> None:
     dec = _model(vocab=10, seed=3, scale=1.0)
     feats, mask = _feats(3, seed=3)
     res = beam_search(
-        dec, feats, mask, BeamConfig(beam_size=4, max_length=6, n_best=4), BOS, EOS, UNK
+        dec, feats, mask, DecodeConfig(beam_size=4, max_length=6, n_best=4), BOS, EOS, UNK
     )
     for i, hyps in enumerate(res):
         assert len(hyps) == 4
@@ -143,13 +143,13 @@ def test_min_length_and_unk_blocking() -> None:
         dec.out_vocab.bias[EOS] = 20.0  # the model wants to stop at once
         dec.out_vocab.bias[UNK] = 10.0  # and otherwise say <unk>
     feats, mask = _feats(2, seed=4)
-    cfg = BeamConfig(beam_size=3, max_length=8, min_length=4, n_best=2)
+    cfg = DecodeConfig(beam_size=3, max_length=8, min_length=4, n_best=2)
     for hyps in beam_search(dec, feats, mask, cfg, BOS, EOS, UNK):
         for h in hyps:
             assert len(h.tokens) >= 4 and UNK not in h.tokens
     for h in greedy_decode(dec, feats, mask, 8, BOS, EOS, unk=UNK, min_length=4):
         assert len(h.tokens) == 4 and UNK not in h.tokens
-    cfg_unk = BeamConfig(beam_size=3, max_length=8, min_length=2, block_unk=False)
+    cfg_unk = DecodeConfig(beam_size=3, max_length=8, min_length=2, block_unk=False)
     assert all(
         hyps[0].tokens == [UNK, UNK]
         for hyps in beam_search(dec, feats, mask, cfg_unk, BOS, EOS, UNK)
@@ -167,8 +167,8 @@ def test_trigram_blocking() -> None:
         dec.out_vocab.bias[5] = 15.0  # "5 5 5 5 ..."
         dec.out_vocab.bias[EOS] = -15.0
     feats, mask = _feats(2, seed=5)
-    plain = BeamConfig(beam_size=3, max_length=8)
-    blocked = BeamConfig(beam_size=3, max_length=8, block_trigrams=True, n_best=3)
+    plain = DecodeConfig(beam_size=3, max_length=8)
+    blocked = DecodeConfig(beam_size=3, max_length=8, block_trigrams=True, n_best=3)
     assert all(
         _has_repeated_trigram(h[0].tokens)
         for h in beam_search(dec, feats, mask, plain, BOS, EOS, UNK)
@@ -183,10 +183,10 @@ def test_trigram_blocking() -> None:
 def test_max_length_and_unfinished_fallback() -> None:
     dec = _model(vocab=8, seed=6)
     feats, mask = _feats(2, seed=6)
-    for hyps in beam_search(dec, feats, mask, BeamConfig(beam_size=3, max_length=2), BOS, EOS, UNK):
+    for hyps in beam_search(dec, feats, mask, DecodeConfig(beam_size=3, max_length=2), BOS, EOS, UNK):
         assert 1 <= len(hyps[0].tokens) <= 2 and hyps[0].finished
     # <eos> impossible: best unfinished hypotheses are returned, never nothing
-    cfg = BeamConfig(beam_size=3, max_length=3, min_length=5, n_best=2)
+    cfg = DecodeConfig(beam_size=3, max_length=3, min_length=5, n_best=2)
     for hyps in beam_search(dec, feats, mask, cfg, BOS, EOS, UNK):
         assert len(hyps) == 2
         assert all(len(h.tokens) == 3 and not h.finished for h in hyps)
@@ -199,18 +199,18 @@ def test_max_length_and_unfinished_fallback() -> None:
 def test_models_without_attention_and_config_errors() -> None:
     dec = _model(vocab=8, seed=7, variant="show_tell")
     feats, mask = _feats(2, seed=7)
-    res = decode_batch(dec, feats, mask, BeamConfig(beam_size=2, max_length=5), BOS, EOS, UNK)
+    res = decode_batch(dec, feats, mask, DecodeConfig(beam_size=2, max_length=5), BOS, EOS, UNK)
     assert all(h[0].attention is None and len(h[0].tokens) >= 1 for h in res)
     with pytest.raises(ConfigError, match="n_best"):
-        beam_search(dec, feats, mask, BeamConfig(beam_size=2, n_best=3), BOS, EOS, UNK)
+        beam_search(dec, feats, mask, DecodeConfig(beam_size=2, n_best=3), BOS, EOS, UNK)
     with pytest.raises(ConfigError, match="length_penalty"):
-        beam_search(dec, feats, mask, BeamConfig(length_penalty="wu"), BOS, EOS, UNK)
+        beam_search(dec, feats, mask, DecodeConfig(length_penalty="wu"), BOS, EOS, UNK)
 
 
 def test_hard_attention_decoding_uses_argmax_location() -> None:
     dec = _model(vocab=8, seed=9, variant="hard_attention")
     feats, mask = _feats(2, seed=9)
-    res = beam_search(dec, feats, mask, BeamConfig(beam_size=2, max_length=4), BOS, EOS, UNK)
+    res = beam_search(dec, feats, mask, DecodeConfig(beam_size=2, max_length=4), BOS, EOS, UNK)
     for i, hyps in enumerate(res):
         assert hyps[0].attention.shape == (len(hyps[0].tokens), N)
         assert torch.all(hyps[0].attention[:, ~mask[i]] == 0)
@@ -323,7 +323,7 @@ def test_beam_search_equals_a_textbook_beam_search(width: int, penalty: str) -> 
     differs = 0
     for min_length in (1, 2):
         for n_best in (1, width):
-            cfg = BeamConfig(beam_size=width, max_length=5, min_length=min_length, length_penalty=penalty,
+            cfg = DecodeConfig(beam_size=width, max_length=5, min_length=min_length, length_penalty=penalty,
                              n_best=n_best)
             got = beam_search(ToyDecoder(), features, None, cfg, BOS, EOS, UNK)
             for item, hyps in zip(items, got, strict=True):
@@ -384,7 +384,7 @@ def test_diverse_beam_search_equals_a_textbook_diverse_beam_search(width: int, g
     items = [0, 1, 2, 3, 4]
     features = torch.tensor(items, dtype=torch.float32).view(-1, 1, 1).expand(-1, 2, 3).contiguous()
     kg = width // groups
-    cfg = BeamConfig(beam_size=width, groups=groups, diversity_strength=strength, max_length=5,
+    cfg = DecodeConfig(beam_size=width, groups=groups, diversity_strength=strength, max_length=5,
                      length_penalty=penalty, n_best=kg)
     got = grouped_beam_search(ToyDecoder(), features, None, cfg, BOS, EOS, UNK)
     merged = beam_search(ToyDecoder(), features, None, cfg, BOS, EOS, UNK)
@@ -407,8 +407,8 @@ def test_one_group_is_plain_beam_search() -> None:
     """groups=1 (any strength) gives exactly plain beam search: words, scores, attention."""
     dec = _model(vocab=10, seed=11, scale=1.5)
     feats, mask = _feats(5, seed=11)
-    plain = beam_search(dec, feats, mask, BeamConfig(beam_size=4, max_length=7, n_best=4), BOS, EOS, UNK)
-    one = beam_search(dec, feats, mask, BeamConfig(beam_size=4, max_length=7, n_best=4, groups=1,
+    plain = beam_search(dec, feats, mask, DecodeConfig(beam_size=4, max_length=7, n_best=4), BOS, EOS, UNK)
+    one = beam_search(dec, feats, mask, DecodeConfig(beam_size=4, max_length=7, n_best=4, groups=1,
                                                    diversity_strength=3.0), BOS, EOS, UNK)
     for a, b in zip(plain, one, strict=True):
         assert [h.tokens for h in a] == [h.tokens for h in b]
@@ -422,9 +422,9 @@ def test_zero_strength_groups_are_independent_beam_searches() -> None:
     """diversity_strength=0: G groups of K/G beams == G beam searches of width K/G, each alone."""
     dec = _model(vocab=10, seed=12, scale=1.5)
     feats, mask = _feats(4, seed=12)
-    grouped = grouped_beam_search(dec, feats, mask, BeamConfig(beam_size=6, groups=3, diversity_strength=0.0,
+    grouped = grouped_beam_search(dec, feats, mask, DecodeConfig(beam_size=6, groups=3, diversity_strength=0.0,
                                                                max_length=7, n_best=2), BOS, EOS, UNK)
-    alone = beam_search(dec, feats, mask, BeamConfig(beam_size=2, max_length=7, n_best=2), BOS, EOS, UNK)
+    alone = beam_search(dec, feats, mask, DecodeConfig(beam_size=2, max_length=7, n_best=2), BOS, EOS, UNK)
     for per_group, want in zip(grouped, alone, strict=True):
         for hyps in per_group:
             assert [h.tokens for h in hyps] == [h.tokens for h in want]
@@ -453,16 +453,16 @@ def test_groups_differ_where_beam_search_repeats_itself() -> None:
     4, 5 and 6 (group 1: log .9 - 5 < log .06; group 2: log .9 - 10 and log .06 - 5 < log .04)."""
     dec = TableDecoder({(): {4: 0.9, 5: 0.06, 6: 0.04}, (4,): {EOS: 0.5, 4: 0.22, 5: 0.18, 6: 0.1}}, {EOS: 0.97})
     features = torch.zeros(2, 1, 1)
-    plain = beam_search(dec, features, None, BeamConfig(beam_size=3, max_length=4, n_best=3), BOS, EOS, UNK)
+    plain = beam_search(dec, features, None, DecodeConfig(beam_size=3, max_length=4, n_best=3), BOS, EOS, UNK)
     assert [h.tokens for h in plain[0]] == [[4], [4, 4], [4, 5]]  # near-duplicates
-    cfg = BeamConfig(beam_size=3, groups=3, diversity_strength=5.0, max_length=4, n_best=3)
+    cfg = DecodeConfig(beam_size=3, groups=3, diversity_strength=5.0, max_length=4, n_best=3)
     for per_group in grouped_beam_search(dec, features, None, cfg, BOS, EOS, UNK):
         assert [hyps[0].tokens for hyps in per_group] == [[4], [5], [6]]
     for hyps in beam_search(dec, features, None, cfg, BOS, EOS, UNK):
         assert [h.tokens for h in hyps] == [[4], [5], [6]]  # by log-prob: .45 > .0582 > .0388
         assert [h.group for h in hyps] == [0, 1, 2]
         assert hyps[0].log_prob == pytest.approx(math.log(0.9 * 0.5), abs=1e-6)
-    weak = BeamConfig(beam_size=3, groups=3, diversity_strength=2.0, max_length=4, n_best=3)
+    weak = DecodeConfig(beam_size=3, groups=3, diversity_strength=2.0, max_length=4, n_best=3)
     assert [h[0].tokens[0] for h in grouped_beam_search(dec, features, None, weak, BOS, EOS, UNK)[0]] == [4, 4, 5]
 
 
@@ -472,7 +472,7 @@ def test_diverse_early_exit_does_not_change_results(penalty: str) -> None:
     with torch.no_grad():
         dec.out_vocab.bias[EOS] = 0.5
     feats, mask = _feats(6, seed=13)
-    cfg = BeamConfig(beam_size=4, groups=2, diversity_strength=0.8, max_length=12, length_penalty=penalty,
+    cfg = DecodeConfig(beam_size=4, groups=2, diversity_strength=0.8, max_length=12, length_penalty=penalty,
                      n_best=4)
     fast = beam_search(dec, feats, mask, cfg, BOS, EOS, UNK)
     full = beam_search(dec, feats, mask, cfg, BOS, EOS, UNK, early_exit=False)
@@ -483,9 +483,9 @@ def test_diverse_early_exit_does_not_change_results(penalty: str) -> None:
 
 def test_diverse_beam_search_config_errors() -> None:
     with pytest.raises(ConfigError, match="not a multiple of decode.groups"):
-        BeamConfig(beam_size=5, groups=2).validate()
+        DecodeConfig(beam_size=5, groups=2).validate()
     with pytest.raises(ConfigError, match="diversity_strength"):
-        BeamConfig(beam_size=4, groups=2, diversity_strength=-1.0).validate()
+        DecodeConfig(beam_size=4, groups=2, diversity_strength=-1.0).validate()
     with pytest.raises(ConfigError, match="strategy=beam"):
-        BeamConfig(strategy="sample", beam_size=2, groups=2).validate()
-    BeamConfig(beam_size=6, groups=3, n_best=6).validate()
+        DecodeConfig(strategy="sample", beam_size=2, groups=2).validate()
+    DecodeConfig(beam_size=6, groups=3, n_best=6).validate()

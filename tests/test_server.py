@@ -26,7 +26,7 @@ from captioning.evaluation.server import (
     validate_results,
     write_coco_results,
 )
-from captioning.models.search import BeamConfig
+from captioning.models.search import DecodeConfig
 from captioning.store.feature_store import FeatureStore
 
 GOOD = [{"image_id": 42, "caption": "a cat"}, {"image_id": 7, "caption": "a dog on a mat"}]
@@ -119,7 +119,7 @@ def tiny_run(tmp_path_factory) -> dict:
 
 
 def _evaluate(run: dict, out: Path, **kw) -> dict:
-    return evaluate(EvaluateConfig(ckpt_path=str(run["ckpt"]), split="val", decode=BeamConfig(beam_size=2, max_length=5),
+    return evaluate(EvaluateConfig(ckpt_path=str(run["ckpt"]), split="val", decode=DecodeConfig(beam_size=2, max_length=5),
                                    trainer=TrainerConfig(accelerator="cpu", enable_progress_bar=False),
                                    output_dir=str(out), metrics=["bleu"], num_workers=0, **kw))
 

@@ -25,7 +25,6 @@ from captioning.data.synthetic.common import (
     PALETTE,
     SHAPES,
     caption_tokens,
-    colour_masks,
     split_sizes,
 )
 from captioning.data.synthetic.datasets import GENERATOR_VERSION, generation_params
@@ -36,6 +35,12 @@ from captioning.errors import ConfigError
 
 N_IMAGES, N_VIDEOS, FRAMES = 20, 8, 32
 
+
+
+def colour_masks(pixels: np.ndarray, tolerance: float = COLOUR_TOLERANCE) -> dict[str, np.ndarray]:
+    """For uint8 pixels [..., 3]: colour name -> bool mask of pixels within ``tolerance`` of it."""
+    px = pixels.astype(np.float32)
+    return {name: np.sqrt(((px - np.asarray(rgb, np.float32)) ** 2).sum(-1)) < tolerance for name, rgb in PALETTE.items()}
 
 def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

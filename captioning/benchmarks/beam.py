@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from captioning.models.decoders import build_decoder
-from captioning.models.search import BeamConfig, beam_search
+from captioning.models.search import DecodeConfig, beam_search
 
 BOS, EOS, UNK = 1, 2, 3
 
@@ -84,7 +84,7 @@ def run(args: Any) -> list[dict]:
     feats = torch.relu(torch.randn(args.batch_size, args.regions, args.feature_dim, generator=g))
     feats = feats.to(device)
     mask = torch.ones(args.batch_size, args.regions, dtype=torch.bool, device=device)
-    bcfg = BeamConfig(
+    bcfg = DecodeConfig(
         beam_size=args.beam,
         max_length=args.length,
         min_length=1,

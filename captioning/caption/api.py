@@ -13,7 +13,7 @@ backbone for two-stream features (joined as in training), the checkpoint's own f
 encoder weights for a model trained end to end (``captioning.train.finetune``).
 ``caption_split`` decodes the features of a split from the checkpoint's FeatureStore, and
 ``caption_features`` decodes features computed elsewhere.  Decoding options are the fields of
-``captioning.models.search.BeamConfig`` (``beam_size``, ``max_length``, ``min_length``,
+``captioning.models.search.DecodeConfig`` (``beam_size``, ``max_length``, ``min_length``,
 ``length_penalty``, ``alpha``, ``block_unk``, ``block_trigrams``, ``n_best``, ``groups``,
 ``diversity_strength``, ...), given as keyword arguments; ``CaptionResult.nbest`` holds every
 hypothesis when several are asked for.  ``Captioner.from_checkpoint([a, b, c])`` decodes with the
@@ -45,7 +45,7 @@ from captioning.features.featurize import (
     featurize_streams,
     rebuild_backbones,
 )
-from captioning.models.search import BeamConfig, decode_batch
+from captioning.models.search import DecodeConfig, decode_batch
 from captioning.store.streams import open_features, stream_metas
 from captioning.train.checkpoint import check_compatible, load_captioner, load_ensemble
 from captioning.train.finetune import FinetuneModule
@@ -115,14 +115,14 @@ def resolve_device(name: str | torch.device) -> torch.device:
     return device
 
 
-def beam_config(decode: BeamConfig | None = None, **options: Any) -> BeamConfig:
-    """``decode`` (default ``BeamConfig()``) with ``options`` (its field names) replaced, validated."""
+def beam_config(decode: DecodeConfig | None = None, **options: Any) -> DecodeConfig:
+    """``decode`` (default ``DecodeConfig()``) with ``options`` (its field names) replaced, validated."""
 
-    unknown = unknown_keys(options, BeamConfig)
+    unknown = unknown_keys(options, DecodeConfig)
     if unknown:
-        names = ", ".join(f.name for f in dataclasses.fields(BeamConfig))
+        names = ", ".join(f.name for f in dataclasses.fields(DecodeConfig))
         raise ConfigError(f"unknown decoding option(s) {unknown}: use {names}")
-    return dataclasses.replace(decode or BeamConfig(), **options).validate()
+    return dataclasses.replace(decode or DecodeConfig(), **options).validate()
 
 
 def marks_hard_attention(module: Any) -> bool:
@@ -194,13 +194,13 @@ class Captioner:
 
     def iter_caption(self, inputs: str | Path | Sequence[str | Path], *, recursive: bool = True,
                      exclude: str | Path | None = None, max_items: int | None = None, batch_size: int = 16,
-                     num_workers: int = 0, progress: bool = False, decode: BeamConfig | None = None,
+                     num_workers: int = 0, progress: bool = False, decode: DecodeConfig | None = None,
                      **options: Any) -> Iterator[CaptionResult]:
         """``caption`` as a stream, in input order (figures can be drawn while later batches decode).
 
         recursive: look into sub-folders; exclude: a folder whose files are never inputs;
         max_items: caption at most this many media files; num_workers: DataLoader processes
-        decoding the media; decode / options: ``BeamConfig`` and field overrides.
+        decoding the media; decode / options: ``DecodeConfig`` and field overrides.
         """
 
         cfg = beam_config(decode, **options)
@@ -220,7 +220,7 @@ class Captioner:
         return list(self.iter_split(split, **kwargs))
 
     def iter_split(self, split: str, *, max_items: int | None = None, batch_size: int = 16,
-                   progress: bool = False, decode: BeamConfig | None = None,
+                   progress: bool = False, decode: DecodeConfig | None = None,
                    **options: Any) -> Iterator[CaptionResult]:
         """The stored features the model was trained/evaluated on, in the split's order; the media
         files (from the checkpoint's data config) are read only for the figures."""
@@ -251,7 +251,7 @@ class Captioner:
                          images: Sequence[np.ndarray | None] | None = None, names: Sequence[str] | None = None,
                          boxes: Sequence[np.ndarray | None] | None = None,
                          image_sizes: Sequence[Sequence[int] | None] | None = None,
-                         batch_size: int = 64, decode: BeamConfig | None = None,
+                         batch_size: int = 64, decode: DecodeConfig | None = None,
                          **options: Any) -> list[CaptionResult]:
         """Caption precomputed features: ``[B, N, C]`` (tensor or array, or B arrays ``[N, C]``).
 
@@ -343,7 +343,7 @@ class Captioner:
                 out.append((i, f))
             yield out
 
-    def _in_order(self, found: list[Any], batches: Iterable[list[tuple[int, Any]]], cfg: BeamConfig,
+    def _in_order(self, found: list[Any], batches: Iterable[list[tuple[int, Any]]], cfg: DecodeConfig,
                   progress: bool) -> Iterator[CaptionResult]:
         """Decode each batch and yield the results in ``found``'s order as soon as they are complete."""
         from tqdm import tqdm
@@ -373,7 +373,7 @@ class Captioner:
         for i in sorted(ready):
             yield ready.pop(i)
 
-    def _decode(self, feats: Sequence[Any], cfg: BeamConfig) -> list[CaptionResult]:
+    def _decode(self, feats: Sequence[Any], cfg: DecodeConfig) -> list[CaptionResult]:
         """Decode a batch of ``Featurized`` ([N, C] each, real positions first) -> results."""
         if not feats:
             return []

@@ -33,7 +33,7 @@ from omegaconf import MISSING
 
 from captioning.caption.api import Captioner
 from captioning.errors import ConfigError
-from captioning.models.search import BeamConfig
+from captioning.models.search import DecodeConfig
 from captioning.viz.gallery import write_gallery
 
 
@@ -42,7 +42,7 @@ class CaptionConfig:
     ckpt_path: str = MISSING
     inputs: list[str] = field(default_factory=list)  # image/video files and folders of them
     output_dir: str = "outputs/captions"
-    decode: BeamConfig = field(default_factory=BeamConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:<i>
     batch_size: int = 16
     num_workers: int = 2  # DataLoader processes decoding the media files

@@ -185,25 +185,6 @@ def _normalised(alpha: np.ndarray, valid: int | None = None) -> np.ndarray:
     return a / total if total > 0 else a
 
 
-def attention_mass_in_box(alpha: np.ndarray, overlap: np.ndarray) -> float:
-    """Attention mass inside the object: ``sum(alpha * overlap)`` with alpha [N] renormalised to sum 1."""
-    a = _normalised(alpha)
-    o = np.asarray(overlap, dtype=np.float64).reshape(-1)
-    if a.shape != o.shape:
-        raise DataError(f"grounding: attention has {a.size} positions but the overlap has {o.size}")
-    return float((a * o).sum())
-
-
-def pointing_hit(alpha: np.ndarray, grid: Sequence[int], image_size: Sequence[int], box: Sequence[float],
-                 geometry: Geometry | Mapping[str, Any] | None = None) -> bool:
-    """Whether the argmax cell's centre of alpha [h*w] lies inside the box (first cell on ties)."""
-    inside = cell_centres_in_box(grid, image_size, box, geometry)
-    a = np.asarray(alpha, dtype=np.float64).reshape(-1)
-    if a.size != inside.size:
-        raise DataError(f"grounding: attention has {a.size} positions but the grid {list(grid)} has {inside.size}")
-    return bool(inside[int(np.argmax(a))])
-
-
 # -------------------------------------------------------------------------------------- video
 
 
@@ -222,24 +203,6 @@ def frame_attention(alpha: np.ndarray, num_frames: int, valid_frames: int | None
         raise DataError(f"grounding: attention has {a.size} positions, not a multiple of the {k} sampled frames")
     per_frame = a.reshape(k, -1).sum(axis=1) if a.size != k else a
     return _normalised(per_frame, valid_frames)
-
-
-def video_mass_in_span(alpha: np.ndarray, frame_indices: Sequence[int], span: Sequence[int],
-                       valid_frames: int | None = None) -> float:
-    """Attention mass on the valid sampled frames whose source index is in the span."""
-    k_valid = len(frame_indices) if valid_frames is None else int(valid_frames)
-    a = frame_attention(alpha, len(frame_indices), k_valid)
-    inside = frames_in_span(frame_indices, span)[:k_valid]
-    return float(a[inside].sum())
-
-
-def video_pointing_hit(alpha: np.ndarray, frame_indices: Sequence[int], span: Sequence[int],
-                       valid_frames: int | None = None) -> bool:
-    """Whether the argmax valid frame lies in the span (first frame on ties)."""
-    k_valid = len(frame_indices) if valid_frames is None else int(valid_frames)
-    a = frame_attention(alpha, len(frame_indices), k_valid)
-    inside = frames_in_span(frame_indices, span)[:k_valid]
-    return bool(inside[int(np.argmax(a))]) if a.size else False
 
 
 # ------------------------------------------------------------------------------- word classes
@@ -468,12 +431,28 @@ def evaluate_grounding(
 
 
 @dataclass
-class _Region:
-    """Where one object lies among the valid positions: weights [N_valid] and argmax hits [N_valid]."""
+class Region:
+    """Where one object lies among the valid positions: ``weight`` [N_valid], the fraction of each
+    position inside it, and ``inside`` [N_valid], whether pointing at that position hits it.
+    ``frames``: for videos, the K sampled frames (attention over K*h*w grid positions is summed
+    per frame).  ``score(alpha)``: the attention mass inside and whether the argmax hits."""
 
-    weight: np.ndarray  # fraction of each valid position inside the object
-    inside: np.ndarray  # bool: a pointing at this position is a hit
-    frames: int | None = None  # videos: K sampled frames (positions are per frame after pooling)
+    weight: np.ndarray
+    inside: np.ndarray
+    frames: int | None = None
+
+    @classmethod
+    def of_box(cls, grid: Sequence[int], image_size: Sequence[int], box: Sequence[float],
+               geometry: Geometry | Mapping[str, Any] | None = None) -> Region:
+        """An image object's box on the feature grid (after the extractor's resize and crop)."""
+        return cls(cell_box_overlap(grid, image_size, box, geometry), cell_centres_in_box(grid, image_size, box, geometry))
+
+    @classmethod
+    def of_span(cls, frame_indices: Sequence[int], span: Sequence[int], valid_frames: int | None = None) -> Region:
+        """A video event's frame span ``[f0, f1)`` among the valid sampled frames."""
+        k_valid = len(frame_indices) if valid_frames is None else int(valid_frames)
+        inside = frames_in_span(frame_indices, span)[:k_valid]
+        return cls(inside.astype(np.float64), inside, frames=len(frame_indices))
 
     @property
     def chance_mass(self) -> float:
@@ -484,16 +463,16 @@ class _Region:
         return float(self.inside.mean())
 
     def score(self, alpha: np.ndarray) -> tuple[float, bool]:
+        """(attention mass in the object, argmax hit) of alpha [N] (renormalised over the valid positions)."""
         n = self.weight.size
-        if self.frames is not None:
-            a = frame_attention(alpha, self.frames, n)
-        else:
-            a = _normalised(alpha, n)
-        return float((a * self.weight).sum()), bool(self.inside[int(np.argmax(a))])
+        a = frame_attention(alpha, self.frames, n) if self.frames is not None else _normalised(alpha, n)
+        if a.size != n:
+            raise DataError(f"grounding: attention has {a.size} valid positions but the object's region has {n}")
+        return float((a * self.weight).sum()), bool(self.inside[int(np.argmax(a))]) if n else False
 
 
 def _image_regions(entry: Mapping[str, Any], objects: Sequence[Mapping[str, Any]], grid: Sequence[int],
-                   geom: Geometry, positions: int, valid: int | None, key: str) -> list[_Region | None]:
+                   geom: Geometry, positions: int, valid: int | None, key: str) -> list[Region | None]:
     size = entry.get("size")
     if not size or len(size) != 2:
         raise DataError(f"grounding file: item {key} has no 'size': [W, H]; regenerate the dataset")
@@ -503,16 +482,12 @@ def _image_regions(entry: Mapping[str, Any], objects: Sequence[Mapping[str, Any]
                         f"{list(grid)} has {cells} cells")
     if valid is not None and valid != cells:
         raise DataError(f"grounding: item {key}: valid={valid} but an image has {cells} cells")
-    out: list[_Region | None] = []
-    for o in objects:
-        overlap = cell_box_overlap(grid, size, o["box"], geom)
-        inside = cell_centres_in_box(grid, size, o["box"], geom)
-        out.append(_Region(overlap, inside) if overlap.sum() > 0 else None)
-    return out
+    regions = [Region.of_box(grid, size, o["box"], geom) for o in objects]
+    return [r if r.weight.sum() > 0 else None for r in regions]
 
 
 def _box_regions(entry: Mapping[str, Any], objects: Sequence[Mapping[str, Any]], boxes: Any,
-                 boxes_size: Sequence[int] | None, key: str) -> list[_Region | None]:
+                 boxes_size: Sequence[int] | None, key: str) -> list[Region | None]:
     """Each object among the valid region boxes (moved from ``boxes_size`` to the file's image size)."""
     size = entry.get("size")
     if not size or len(size) != 2:
@@ -523,15 +498,15 @@ def _box_regions(entry: Mapping[str, Any], objects: Sequence[Mapping[str, Any]],
     if boxes_size is not None:
         sx, sy = float(size[0]) / float(boxes_size[0]), float(size[1]) / float(boxes_size[1])
         b = b * np.array([sx, sy, sx, sy])
-    out: list[_Region | None] = []
+    out: list[Region | None] = []
     for o in objects:
         weight = region_box_overlap(b, o["box"])
-        out.append(_Region(weight, region_centres_in_box(b, o["box"])) if weight.sum() > 0 else None)
+        out.append(Region(weight, region_centres_in_box(b, o["box"])) if weight.sum() > 0 else None)
     return out
 
 
 def _video_regions(events: Sequence[Mapping[str, Any]], frames: Sequence[int] | None, positions: int,
-                   valid: int | None, grid: Sequence[int] | None, key: str) -> list[_Region | None]:
+                   valid: int | None, grid: Sequence[int] | None, key: str) -> list[Region | None]:
     if not frames:
         raise DataError(f"grounding: video {key} has no frame_indices; pass the sampled frames of every video")
     k = len(frames)
@@ -542,8 +517,5 @@ def _video_regions(events: Sequence[Mapping[str, Any]], frames: Sequence[int] | 
     k_valid = k if valid is None else max(0, min(k, int(valid) // cells))
     if k_valid < 1:
         return [None] * len(events)
-    out: list[_Region | None] = []
-    for e in events:
-        inside = frames_in_span(frames, e["span"])[:k_valid]
-        out.append(_Region(inside.astype(np.float64), inside, frames=k) if inside.any() else None)
-    return out
+    regions = [Region.of_span(frames, e["span"], k_valid) for e in events]
+    return [r if r.inside.any() else None for r in regions]

@@ -31,7 +31,7 @@ from captioning.evaluation.server import check_request, coco_image_set, write_co
 from captioning.evaluation.structure import evaluate_structure
 from captioning.metrics import compute_metrics, default_metrics
 from captioning.models.decoders import run_tag
-from captioning.models.search import BeamConfig
+from captioning.models.search import DecodeConfig
 from captioning.store.streams import open_features
 from captioning.train.checkpoint import (
     check_compatible,
@@ -49,7 +49,7 @@ log = logging.getLogger("captioning.evaluate")
 class EvaluateConfig:
     ckpt_path: Any = MISSING  # a checkpoint, or a list of them: a test-time ensemble (captioning.models.ensemble)
     split: str = "test"
-    decode: BeamConfig = field(default_factory=BeamConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     features_dir: str | None = None  # default: the checkpoint's
     data_root: str | None = None  # default: the checkpoint's data.root (move a dataset without retraining)

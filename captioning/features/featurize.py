@@ -202,14 +202,6 @@ def featurize_streams(backbones: Sequence[Backbone], meta: Mapping[str, Any], it
         yield out
 
 
-def featurize_files(backbone: Backbone, paths: Sequence[str | Path], kind: str, **kwargs: Any) -> list[Featurized]:
-    """``featurize`` for a list of files, in their order (item ids are the positions)."""
-    got: dict[str, Featurized] = {}
-    for batch in featurize(backbone, [(str(i), str(p)) for i, p in enumerate(paths)], kind, **kwargs):
-        got.update({f.item_id: f for f in batch})
-    return [got[str(i)] for i in range(len(paths))]
-
-
 def stored_preprocessing(meta: Mapping[str, Any]) -> Preprocessing:
     """The resize/crop/normalisation recorded in a store's meta (two streams: the first stream's)."""
 

@@ -27,7 +27,7 @@ from torch import Tensor
 from captioning.errors import ConfigError
 
 __all__ = [
-    "BeamConfig",
+    "DecodeConfig",
     "DecodeConfig",
     "Hypothesis",
     "SampleBatch",
@@ -109,7 +109,6 @@ class DecodeConfig:
         return self.num_samples if self.strategy == "sample" else self.n_best
 
 
-BeamConfig = DecodeConfig  # the name most call sites know it by
 
 
 @dataclass
@@ -454,7 +453,7 @@ def beam_search(
     decoder: Any,
     features: Tensor,
     mask: Tensor | None,
-    cfg: BeamConfig,
+    cfg: DecodeConfig,
     bos: int,
     eos: int,
     unk: int | None = None,
@@ -476,7 +475,7 @@ def grouped_beam_search(
     decoder: Any,
     features: Tensor,
     mask: Tensor | None,
-    cfg: BeamConfig,
+    cfg: DecodeConfig,
     bos: int,
     eos: int,
     unk: int | None = None,

@@ -28,7 +28,7 @@ from captioning.data.datamodule import CaptionDataModule
 from captioning.data.vocab import build_vocabulary
 from captioning.errors import CaptioningError, CheckpointError, ConfigError, DataError
 from captioning.models.decoders import decoder_config
-from captioning.models.search import BeamConfig
+from captioning.models.search import DecodeConfig
 from captioning.provenance import provenance
 from captioning.store.feature_store import store_id
 from captioning.store.streams import open_features
@@ -51,7 +51,7 @@ class TrainConfig:
     model: dict[str, Any] = field(default_factory=lambda: {"name": "lstm"})
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    decode: BeamConfig = field(default_factory=BeamConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     # Lightning callbacks and loggers by name, each a ``_target_`` node (conf/callbacks/*.yaml,
     # conf/logger/*.yaml) built at start; a null node is left out
     callbacks: dict[str, Any] = field(default_factory=dict)

@@ -25,7 +25,7 @@ from captioning.metrics import compute_metrics
 from captioning.metrics.cider import CiderD
 from captioning.models.decoders import CaptionDecoder, build_decoder
 from captioning.models.positions import layout_from_meta
-from captioning.models.search import BeamConfig, Hypothesis, decode_batch, greedy_decode, sample
+from captioning.models.search import DecodeConfig, Hypothesis, decode_batch, greedy_decode, sample
 from captioning.train.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
 from captioning.train.stage import stage_of, without_flags
 
@@ -54,7 +54,7 @@ class NonFiniteLossError(CaptioningError):
 
 
 def decode(
-    decoder: CaptionDecoder, features: torch.Tensor, mask: torch.Tensor, cfg: BeamConfig, vocab: Vocabulary
+    decoder: CaptionDecoder, features: torch.Tensor, mask: torch.Tensor, cfg: DecodeConfig, vocab: Vocabulary
 ) -> list[Hypothesis]:
     """Best hypothesis per item: greedy when ``beam_size == 1``, else batched beam search."""
     nbest = decode_batch(decoder, features, mask, cfg, vocab.bos, vocab.eos, vocab.unk)
@@ -82,7 +82,7 @@ class CaptioningModule(pl.LightningModule):
         self.save_hyperparameters({"config": config, "vocab": vocab, "feature_meta": feature_meta})
         self.vocab = Vocabulary.from_dict(vocab)
         self.optim_cfg = OptimConfig(**config.get("optim", {}))
-        self.decode_cfg = BeamConfig(**config.get("decode", {}))
+        self.decode_cfg = DecodeConfig(**config.get("decode", {}))
         self.run_record: dict | None = None  # fingerprint + provenance, saved in every checkpoint
         self.stage = stage_of(config)
         self.scst_cfg = ScstConfig(**without_flags(config.get("scst"))).validate()
@@ -197,7 +197,7 @@ class CaptioningModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ validation
     @torch.no_grad()
-    def generate(self, features: torch.Tensor, mask: torch.Tensor, cfg: BeamConfig | None = None) -> list[Hypothesis]:
+    def generate(self, features: torch.Tensor, mask: torch.Tensor, cfg: DecodeConfig | None = None) -> list[Hypothesis]:
         return decode(self.decoder, features.float(), mask, cfg or self.decode_cfg, self.vocab)
 
     def caption_text(self, hyp: Hypothesis) -> str:

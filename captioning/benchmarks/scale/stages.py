@@ -29,7 +29,7 @@ from captioning.data.datamodule import CaptionDataModule, CaptionTrainDataset
 from captioning.data.vocab import build_vocabulary
 from captioning.errors import ConfigError
 from captioning.evaluation.job import EvaluateConfig, evaluate
-from captioning.models.search import BeamConfig
+from captioning.models.search import DecodeConfig
 from captioning.store.feature_store import FeatureStore
 from captioning.train.module import CaptioningModule
 from captioning.utils.io import atomic_write_json, read_json
@@ -397,7 +397,7 @@ class Scale:
     def evaluate(self) -> Iterator[dict[str, Any]]:
         """``captioning.evaluation.job.evaluate`` on the test split: where its time goes."""
         ckpt = self._checkpoint(self.root / "eval" / "random.ckpt")
-        cfg = EvaluateConfig(ckpt_path=str(ckpt), split="test", decode=BeamConfig(beam_size=self.args.eval_beam),
+        cfg = EvaluateConfig(ckpt_path=str(ckpt), split="test", decode=DecodeConfig(beam_size=self.args.eval_beam),
                              trainer=TrainerConfig(accelerator="gpu" if self.args.device == "cuda" else "cpu",
                                                    enable_progress_bar=False),
                              output_dir=str(self.root / "eval" / "out"), num_workers=2, grounding=False,

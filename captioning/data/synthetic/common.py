@@ -132,15 +132,6 @@ def add_noise(rng: np.random.Generator, canvas: np.ndarray, sigma: float) -> np.
     return np.clip(noisy, 0, 255).astype(np.uint8)
 
 
-def colour_masks(pixels: np.ndarray, tolerance: float = COLOUR_TOLERANCE) -> dict[str, np.ndarray]:
-    """For uint8 pixels [..., 3]: colour name -> bool mask of pixels within ``tolerance`` of it."""
-    px = pixels.astype(np.float32)
-    return {
-        name: np.sqrt(((px - np.asarray(rgb, np.float32)) ** 2).sum(-1)) < tolerance
-        for name, rgb in PALETTE.items()
-    }
-
-
 def split_sizes(n: int, splits: Sequence[float]) -> tuple[int, int, int]:
     """(train, val, test) counts for ``n`` items and fractions ``splits`` (summing to 1)."""
     if len(splits) != 3 or any(float(s) < 0 for s in splits) or abs(sum(splits) - 1.0) > 1e-6:
