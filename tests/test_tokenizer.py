@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from captioning.data.tokenizer import tokenize
+from captioning.data.tokenizer import PUNCTUATION, tokenize, tokenize_ptb
 
 FAKECAP = Path(__file__).resolve().parents[1].parent / "shared/reference/coco-caption-fakecap"
 
@@ -103,3 +103,21 @@ def test_matches_the_real_ptb_tokenizer_jar():
     jar = PTBTokenizer().tokenize({i: [{"caption": s}] for i, s in enumerate(strings)})
     diffs = [(s, jar[i][0], " ".join(tokenize(s))) for i, s in enumerate(strings) if jar[i][0] != " ".join(tokenize(s))]
     assert not diffs, diffs
+
+
+def test_agrees_with_nltks_treebank_tokenizer_on_coco_captions():
+    """NLTK's Treebank tokenizer (data-free with preserve_line=True) is an independent PTB tokenizer:
+    after the toolkit's punctuation filter it splits every raw COCO caption of the fakecap subset as
+    ours does.  Before the filter the two differ only where the Stanford jar does: it writes an
+    opening quote as '' (NLTK ``) and splits '..' into two periods."""
+    nltk_tokenize = pytest.importorskip("nltk.tokenize").word_tokenize
+    raw = FAKECAP / "captions_val2014_raw_subset134.json"
+    if not raw.is_file():
+        pytest.skip(f"reference data not found: {raw}")
+    captions = [a["caption"] for a in json.loads(raw.read_text())["annotations"]]
+    assert len(captions) == 671
+    theirs = [nltk_tokenize(c.lower(), preserve_line=True) for c in captions]
+    assert [[t for t in x if t.upper() not in PUNCTUATION and t not in ("``", "..")] for x in theirs] == [
+        tokenize(c) for c in captions]
+    differ = [c for c, t in zip(captions, theirs, strict=True) if t != tokenize_ptb(c)]
+    assert len(differ) == 3 and all('"' in c or ".." in c for c in differ)
