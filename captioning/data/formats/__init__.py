@@ -1,0 +1,1 @@
+"""Annotation formats, one module each: a reader registered in ``captioning.data.annotations.FORMATS``."""
