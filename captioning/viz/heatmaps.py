@@ -586,25 +586,11 @@ def build_region_matrix_figure(tokens: Sequence[str], attention: np.ndarray, *, 
     return fig
 
 
-def build_video_attention_figure(
-    frames: np.ndarray,
-    tokens: Sequence[str],
-    attention: np.ndarray,
-    frame_indices: Sequence[int],
-    *,
-    hard: bool = False,
-    title: str | None = None,
-    cmap: str = "gray",
-    max_strip_frames: int = MAX_STRIP_FRAMES,
-) -> tuple[Figure, dict]:
-    """Build (not save) the video attention figure.
-
-    frames: [K, H, W, 3] uint8; attention: [T, K]; frame_indices: K original frame numbers.
-    Returns (fig, info) with info = {"strip": positions drawn in the strip, "strip_axes": their
-    axes, "matrix_ax": the alignment axes, "overall": position of the most attended frame,
-    "per_word": argmax position per word}.
-    """
-    tokens = [str(t) for t in tokens]
+def _checked_video_inputs(
+    frames: np.ndarray, tokens: Sequence[str], attention: np.ndarray, frame_indices: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Checked inputs of a video figure: (frames [K, H, W, C], attention [T, K] float64 with NaN
+    -> 0, the K frame indices as ints); a one-line ValueError on any shape mismatch."""
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.shape[-1] < 3:
         raise ValueError(f"frames must be [K, H, W, 3] uint8, got shape {frames.shape}")
@@ -619,16 +605,16 @@ def build_video_attention_figure(
     frame_indices = [int(f) for f in frame_indices]
     if len(frame_indices) != K:
         raise ValueError(f"{K} frames but {len(frame_indices)} frame_indices")
-    T = len(tokens)
+    return frames, a, frame_indices
 
-    per_word = [brightest_frame(row) for row in a] if T else []
-    overall = most_attended_frames(a, 1)[0] if T else 0
-    word_frames = sorted(set(per_word))
-    strip = select_strip_frames(K, [overall, *word_frames], max_strip_frames)
-    S = len(strip)
 
-    fh, fw = frames.shape[1:3]
-    frame_aspect = fh / fw
+def _video_canvas(
+    tokens: Sequence[str], title: str | None, num_frames: int, strip_len: int, frame_aspect: float
+) -> tuple[Figure, Any, Any]:
+    """The figure of a video caption, sized for a strip of ``strip_len`` thumbnails (height/width
+    ``frame_aspect``) above a [T, ``num_frames``] matrix with its word labels and colorbar;
+    returns (fig, strip subfigure, matrix subfigure)."""
+    K, S, T = num_frames, strip_len, len(tokens)
     # width: enough for the strip and for K matrix columns, plus y labels and the colorbar
     label_w = 0.12 * max((len(t) for t in tokens), default=4) + 0.5
     matrix_w = max(0.32 * K, 3.0)
@@ -643,7 +629,16 @@ def build_video_attention_figure(
     fig = Figure(figsize=(fig_w, fig_h), layout="constrained")
     fig.suptitle(title_text, fontsize=14, parse_math=False)
     top, bottom = fig.subfigures(2, 1, height_ratios=[strip_h + 0.3, matrix_h + 0.5])
+    return fig, top, bottom
 
+
+def _draw_frame_strip(
+    top: Any, frames: np.ndarray, frame_indices: Sequence[int], strip: Sequence[int],
+    overall: int, per_word: Sequence[int],
+) -> list[Any]:
+    """The frames at positions ``strip`` (of frames [K, H, W, C]) side by side, labelled by their
+    frame index and outlined red (``overall``), orange (some word's argmax) or gray; their axes."""
+    S, K = len(strip), frames.shape[0]
     strip_axes = top.subplots(1, S, squeeze=False)[0]
     word_set = set(per_word)
     for ax, k in zip(strip_axes, strip, strict=True):
@@ -667,7 +662,16 @@ def build_video_attention_figure(
         fontsize=10,
         parse_math=False,
     )
+    return list(strip_axes)
 
+
+def _draw_alignment_matrix(
+    bottom: Any, a: np.ndarray, tokens: Sequence[str], frame_indices: Sequence[int],
+    per_word: Sequence[int], *, cmap: str, hard: bool,
+) -> Any:
+    """The words x frames matrix of attention a [T, K] (rows labelled by word, columns by frame
+    index, each word's argmax frame boxed) with its colorbar; returns its axes."""
+    T, K = a.shape
     ax = bottom.subplots(1, 1)
     im = ax.imshow(
         a if T else np.zeros((1, K)),
@@ -701,9 +705,40 @@ def build_video_attention_figure(
         else "soft attention: box = argmax frame per word"
     )
     ax.set_title(kind, fontsize=10, parse_math=False)
+    return ax
+
+
+def build_video_attention_figure(
+    frames: np.ndarray,
+    tokens: Sequence[str],
+    attention: np.ndarray,
+    frame_indices: Sequence[int],
+    *,
+    hard: bool = False,
+    title: str | None = None,
+    cmap: str = "gray",
+    max_strip_frames: int = MAX_STRIP_FRAMES,
+) -> tuple[Figure, dict]:
+    """Build (not save) the video attention figure.
+
+    frames: [K, H, W, 3] uint8; attention: [T, K]; frame_indices: K original frame numbers.
+    Returns (fig, info) with info = {"strip": positions drawn in the strip, "strip_axes": their
+    axes, "matrix_ax": the alignment axes, "overall": position of the most attended frame,
+    "per_word": argmax position per word}.
+    """
+    tokens = [str(t) for t in tokens]
+    frames, a, frame_indices = _checked_video_inputs(frames, tokens, attention, frame_indices)
+    K, T = frames.shape[0], len(tokens)
+    per_word = [brightest_frame(row) for row in a] if T else []
+    overall = most_attended_frames(a, 1)[0] if T else 0
+    strip = select_strip_frames(K, [overall, *sorted(set(per_word))], max_strip_frames)
+    fh, fw = frames.shape[1:3]
+    fig, top, bottom = _video_canvas(tokens, title, K, len(strip), fh / fw)
+    strip_axes = _draw_frame_strip(top, frames, frame_indices, strip, overall, per_word)
+    ax = _draw_alignment_matrix(bottom, a, tokens, frame_indices, per_word, cmap=cmap, hard=hard)
     info = {
         "strip": strip,
-        "strip_axes": list(strip_axes),
+        "strip_axes": strip_axes,
         "matrix_ax": ax,
         "overall": overall,
         "per_word": per_word,
