@@ -31,6 +31,7 @@ import contextlib
 import functools
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -188,14 +189,14 @@ def _adam(params) -> torch.optim.Optimizer:
         return torch.optim.Adam(params, lr=1e-4)
 
 
-def run(args: Any) -> list[dict]:
-    device = torch.device(args.device)
-    if getattr(args, "threads", 0):
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    feats, mask, tokens, lengths = _make_batch(args, device)
-    amp = args.amp if args.amp != "auto" else ("bf16" if device.type == "cuda" else "off")
-    shape = {
+def _amp_mode(args: Any, device: torch.device) -> str:
+    """``--amp`` resolved: "auto" is bf16 on cuda, off elsewhere."""
+    return args.amp if args.amp != "auto" else ("bf16" if device.type == "cuda" else "off")
+
+
+def _shape(args: Any, device: torch.device) -> dict:
+    """The sizes every record of this run carries."""
+    return {
         "device": device.type,
         "batch_size": args.batch_size,
         "regions": args.regions,
@@ -209,6 +210,12 @@ def run(args: Any) -> list[dict]:
         "threads": torch.get_num_threads(),
     }
 
+
+def _ours_step(
+    args: Any, device: torch.device, feats: Tensor, mask: Tensor, tokens: Tensor, amp: str
+) -> Callable[[], None]:
+    """One training step (loss, backward, Adam) of ``LSTMDecoder.compute_loss`` on the batch
+    (feats [B, N, C], mask [B, N], tokens [B, T+2]); compiled with ``--compile``."""
     cfg = dict(
         variant="soft_attention",
         scoring="additive",
@@ -225,7 +232,7 @@ def run(args: Any) -> list[dict]:
         mode = "reduce-overhead" if device.type == "cuda" else None
         loss_fn = torch.compile(functools.partial(ours.compute_loss, static=True), fullgraph=True, mode=mode)
 
-    def ours_step() -> None:
+    def step() -> None:
         ctx = (
             torch.autocast(device.type, dtype=torch.bfloat16)
             if amp == "bf16"
@@ -239,36 +246,46 @@ def run(args: Any) -> list[dict]:
         loss.backward()
         opt.step()
 
-    compile_s = 0.0
-    if args.compile:  # the first calls compile (and record the CUDA graphs): timed apart
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(3):
-            ours_step()
-        _sync(device)
-        compile_s = time.perf_counter() - t0
+    return step
 
-    peak_mb = peak_memory_mb(ours_step, device)  # before the baseline takes memory of its own
-    fns: dict[str, Any] = {"ours": ours_step}
-    if not args.skip_baseline:
-        base = (
-            TutorialDecoder(
-                args.feature_dim, args.embed, args.hidden, args.attention_dim, args.vocab
-            )
-            .to(device)
-            .train()
-        )
-        base_opt = _adam(list(base.parameters()))
 
-        def base_step() -> None:
-            loss = base.loss(feats, tokens, lengths)
-            base_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            base_opt.step()
+def _compile_seconds(step: Callable[[], None], device: torch.device) -> float:
+    """Seconds of a compiled step's first three calls (they compile and record the CUDA graphs),
+    timed apart from the steady-state steps."""
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        step()
+    _sync(device)
+    return time.perf_counter() - t0
 
-        fns["baseline"] = base_step
 
-    times = _time_interleaved(fns, args.steps, args.warmup, device)
+def _baseline_step(
+    args: Any, device: torch.device, feats: Tensor, tokens: Tensor, lengths: Tensor
+) -> Callable[[], None]:
+    """One training step (loss, backward, Adam) of ``TutorialDecoder`` on the batch, fp32."""
+    base = (
+        TutorialDecoder(args.feature_dim, args.embed, args.hidden, args.attention_dim, args.vocab)
+        .to(device)
+        .train()
+    )
+    base_opt = _adam(list(base.parameters()))
+
+    def step() -> None:
+        loss = base.loss(feats, tokens, lengths)
+        base_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        base_opt.step()
+
+    return step
+
+
+def _records(
+    args: Any, times: dict[str, list[float]], *, amp: str, compile_s: float,
+    peak_mb: float | None, shape: dict,
+) -> list[dict]:
+    """``train/ours``, and unless ``--skip-baseline`` ``train/baseline`` and ``train/speedup``,
+    from the seconds of each step of each model (value: median, best: fastest)."""
     med = {k: statistics.median(v) for k, v in times.items()}
     best = {k: min(v) for k, v in times.items()}
     results = [
@@ -308,3 +325,21 @@ def run(args: Any) -> list[dict]:
         }
     )
     return results
+
+
+def run(args: Any) -> list[dict]:
+    device = torch.device(args.device)
+    if getattr(args, "threads", 0):
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    feats, mask, tokens, lengths = _make_batch(args, device)
+    amp = _amp_mode(args, device)
+    shape = _shape(args, device)
+    ours_step = _ours_step(args, device, feats, mask, tokens, amp)
+    compile_s = _compile_seconds(ours_step, device) if args.compile else 0.0
+    peak_mb = peak_memory_mb(ours_step, device)  # before the baseline takes memory of its own
+    fns: dict[str, Callable[[], None]] = {"ours": ours_step}
+    if not args.skip_baseline:
+        fns["baseline"] = _baseline_step(args, device, feats, tokens, lengths)
+    times = _time_interleaved(fns, args.steps, args.warmup, device)
+    return _records(args, times, amp=amp, compile_s=compile_s, peak_mb=peak_mb, shape=shape)
