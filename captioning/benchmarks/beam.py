@@ -18,6 +18,8 @@ import argparse
 import contextlib
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -64,11 +66,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run(args: Any) -> list[dict]:
-    device = torch.device(args.device)
-    if getattr(args, "threads", 0):
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+def _decoder(args: Any, device: torch.device) -> torch.nn.Module:
+    """The soft-attention ``LSTMDecoder`` both paths decode with (random weights, eval mode; the
+    <eos> logit raised by ``--eos-bias``)."""
     cfg = dict(
         variant="soft_attention",
         embed_dim=args.embed,
@@ -80,65 +80,62 @@ def run(args: Any) -> list[dict]:
     if args.eos_bias:
         with torch.no_grad():
             dec.out_vocab.bias[EOS] += args.eos_bias
+    return dec
+
+
+def _features(args: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random non-negative features [B, N, C] (seeded) and an all-valid mask [B, N]."""
     g = torch.Generator().manual_seed(args.seed)
     feats = torch.relu(torch.randn(args.batch_size, args.regions, args.feature_dim, generator=g))
     feats = feats.to(device)
     mask = torch.ones(args.batch_size, args.regions, dtype=torch.bool, device=device)
-    bcfg = DecodeConfig(
-        beam_size=args.beam,
-        max_length=args.length,
-        min_length=1,
-        length_penalty=args.length_penalty,
-        n_best=1,
-    )
-    amp = args.amp if args.amp != "auto" else ("bf16" if device.type == "cuda" else "off")
+    return feats, mask
 
-    def ctx():
-        if amp == "bf16":
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
-    def batched() -> list:
-        with ctx():
-            return beam_search(dec, feats, mask, bcfg, BOS, EOS, UNK)
+def _autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast when ``amp == "bf16"``, else nothing."""
+    if amp == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
-    n_single = max(1, min(args.single_items, args.batch_size))
 
-    def single() -> list:
-        out = []
-        with ctx():
-            for i in range(n_single):
-                out.extend(beam_search(dec, feats[i : i + 1], mask[i : i + 1], bcfg, BOS, EOS, UNK))
-        return out
+@dataclass
+class _Runs:
+    """Seconds of each timed run of both paths, the hypotheses of their last runs, and the peak
+    memory of the first batched run (None off cuda)."""
 
-    # warm-up (allocator, kernels) on a small slice
-    with ctx():
-        beam_search(dec, feats[:2], mask[:2], bcfg, BOS, EOS, UNK)
-    t_batched: list[float] = []
-    t_single: list[float] = []
-    res: list = []
-    res_single: list = []
+    batched_s: list[float] = field(default_factory=list)
+    single_s: list[float] = field(default_factory=list)
+    batched: list = field(default_factory=list)
+    single: list = field(default_factory=list)
     peak_mb: float | None = None
-    for _ in range(max(1, args.repeats)):  # alternate, so a busy machine slows both alike
+
+
+def _alternate(
+    batched: Callable[[], list], single: Callable[[], list], repeats: int, device: torch.device
+) -> _Runs:
+    """Time ``repeats`` runs of each path, alternating, so a busy machine slows both alike."""
+    runs = _Runs()
+    for _ in range(max(1, repeats)):
         _sync(device)
-        if device.type == "cuda" and peak_mb is None:
+        if device.type == "cuda" and runs.peak_mb is None:
             torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
-        res = batched()
+        runs.batched = batched()
         _sync(device)
-        t_batched.append(time.perf_counter() - t0)
-        if device.type == "cuda" and peak_mb is None:
-            peak_mb = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+        runs.batched_s.append(time.perf_counter() - t0)
+        if device.type == "cuda" and runs.peak_mb is None:
+            runs.peak_mb = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
         t0 = time.perf_counter()
-        res_single = single()
+        runs.single = single()
         _sync(device)
-        t_single.append(time.perf_counter() - t0)
+        runs.single_s.append(time.perf_counter() - t0)
+    return runs
 
-    same = sum(
-        int(a[0].tokens == b[0].tokens) for a, b in zip(res[:n_single], res_single, strict=True)
-    )
-    mean_len = sum(len(h[0].tokens) for h in res) / max(1, len(res))
-    shape = {
+
+def _shape(args: Any, device: torch.device, amp: str) -> dict:
+    """The sizes every record of this run carries."""
+    return {
         "device": device.type,
         "beam": args.beam,
         "batch_size": args.batch_size,
@@ -152,16 +149,26 @@ def run(args: Any) -> list[dict]:
         "amp": amp,
         "threads": torch.get_num_threads(),
     }
-    batched_cps = args.batch_size / statistics.median(t_batched)
-    single_cps = n_single / statistics.median(t_single)
-    best_ratio = (args.batch_size / min(t_batched)) / (n_single / min(t_single))
+
+
+def _records(args: Any, runs: _Runs, n_single: int, shape: dict) -> list[dict]:
+    """``beam/batched``, ``beam/one_at_a_time`` (with how many of its captions equal the batched
+    ones) and ``beam/speedup``; value: from the median run, best: from the fastest."""
+    same = sum(
+        int(a[0].tokens == b[0].tokens)
+        for a, b in zip(runs.batched[:n_single], runs.single, strict=True)
+    )
+    mean_len = sum(len(h[0].tokens) for h in runs.batched) / max(1, len(runs.batched))
+    batched_cps = args.batch_size / statistics.median(runs.batched_s)
+    single_cps = n_single / statistics.median(runs.single_s)
+    best_ratio = (args.batch_size / min(runs.batched_s)) / (n_single / min(runs.single_s))
     return [
         {
             "name": "beam/batched",
             "unit": "captions/s",
             "value": round(batched_cps, 2),
             "mean_words": round(mean_len, 2),
-            **({"peak_memory_mb": peak_mb} if peak_mb is not None else {}),
+            **({"peak_memory_mb": runs.peak_mb} if runs.peak_mb is not None else {}),
             **shape,
         },
         {
@@ -182,3 +189,38 @@ def run(args: Any) -> list[dict]:
             **shape,
         },
     ]
+
+
+def run(args: Any) -> list[dict]:
+    device = torch.device(args.device)
+    if getattr(args, "threads", 0):
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    dec = _decoder(args, device)
+    feats, mask = _features(args, device)
+    bcfg = DecodeConfig(
+        beam_size=args.beam,
+        max_length=args.length,
+        min_length=1,
+        length_penalty=args.length_penalty,
+        n_best=1,
+    )
+    amp = args.amp if args.amp != "auto" else ("bf16" if device.type == "cuda" else "off")
+    n_single = max(1, min(args.single_items, args.batch_size))
+
+    def batched() -> list:
+        with _autocast(device, amp):
+            return beam_search(dec, feats, mask, bcfg, BOS, EOS, UNK)
+
+    def single() -> list:
+        out = []
+        with _autocast(device, amp):
+            for i in range(n_single):
+                out.extend(beam_search(dec, feats[i : i + 1], mask[i : i + 1], bcfg, BOS, EOS, UNK))
+        return out
+
+    # warm-up (allocator, kernels) on a small slice
+    with _autocast(device, amp):
+        beam_search(dec, feats[:2], mask[:2], bcfg, BOS, EOS, UNK)
+    runs = _alternate(batched, single, args.repeats, device)
+    return _records(args, runs, n_single, _shape(args, device, amp))
