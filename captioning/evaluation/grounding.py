@@ -333,6 +333,95 @@ def _item_attention(tokens: Sequence[str], attention: Any, key: str) -> np.ndarr
     return a
 
 
+def _checked_items(grounding: Mapping[str, Any], kind: str | None, *, grid: Sequence[int] | None,
+                   boxes: Mapping[Any, Any] | None, frame_indices: Mapping[Any, Sequence[int]] | None,
+                   ) -> tuple[str, Mapping[str, Any]]:
+    """(kind, the file's ``items``) of a grounding request, or a one-line error naming what is
+    missing: a kind that is not the file's, no items, no positions to score against."""
+    kind = kind or grounding.get("kind")
+    if kind not in ("image", "video"):
+        raise ConfigError(f"grounding kind={kind!r} is not valid: use image | video")
+    if grounding.get("kind", kind) != kind:
+        raise DataError(f"grounding file is for kind={grounding.get('kind')!r} but kind={kind!r} was asked for")
+    items = grounding.get("items")
+    if not isinstance(items, Mapping):
+        raise DataError("grounding file has no 'items' mapping; regenerate the synthetic dataset")
+    if kind == "image" and grid is None and boxes is None:
+        raise ConfigError("image grounding needs grid=(h, w) of the attention cells (FeatureStore meta 'grid') "
+                          "or the boxes of the attended regions")
+    if kind == "video" and frame_indices is None:
+        raise ConfigError("video grounding needs frame_indices (the sampled source frames per video)")
+    return kind, items
+
+
+def _class_of_word(word_classes: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """word -> its class (a word listed under several classes keeps the first)."""
+    word_class: dict[str, str] = {}
+    for c, ws in word_classes.items():
+        for w in list(ws):
+            word_class.setdefault(str(w), c)
+    return word_class
+
+
+@dataclass(frozen=True)
+class _Positions:
+    """What the N attention positions of every item are: cells of ``grid`` (images, after
+    ``geometry``), region ``boxes`` (image regions, in ``image_sizes``), or the sampled
+    ``frame_indices`` (videos, frames or frame-major cells); ``valid``: key -> N_valid."""
+
+    kind: str
+    grid: Sequence[int] | None
+    geometry: Geometry
+    boxes: Mapping[Any, Any] | None
+    image_sizes: Mapping[Any, Sequence[int]]
+    frame_indices: Mapping[str, list[int]]
+    valid: Mapping[str, int]
+
+    def regions(self, raw_key: Any, entry: Mapping[str, Any], objects: Sequence[Mapping[str, Any]],
+                positions: int) -> list[Region | None]:
+        """Each object/event of one item among its ``positions`` attention positions (None where
+        it is unobservable)."""
+        key = str(raw_key)
+        if self.kind == "image" and self.boxes is not None:
+            return _box_regions(entry, objects, self.boxes.get(raw_key, self.boxes.get(key)),
+                                self.image_sizes.get(raw_key, self.image_sizes.get(key)), key)
+        if self.kind == "image":
+            return _image_regions(entry, objects, self.grid, self.geometry, positions, self.valid.get(key), key)
+        return _video_regions(objects, self.frame_indices.get(key), positions, self.valid.get(key), self.grid, key)
+
+
+def _tally_words(result: GroundingResult, tokens: Sequence[str], alpha: np.ndarray,
+                 objects: Sequence[Mapping[str, Any]], regions: Sequence[Region | None],
+                 word_class: Mapping[str, str]) -> None:
+    """Count each class word of one caption (tokens [T], alpha [T', N]) into ``result``: scored
+    when it names exactly one observable object, else as not in the item / ambiguous /
+    unobservable."""
+    named = owners_in_context(tokens, [{i for i, o in enumerate(objects) if w in o.get("words", ())}
+                                       for w in tokens])
+    for t, word in enumerate(tokens):
+        cls = word_class.get(word)
+        if cls is None:
+            continue
+        owners = sorted(named[t])
+        tallies = result.tally(word, cls)
+        if not owners:
+            for tl in tallies:
+                tl.not_in_item += 1
+            continue
+        if len(owners) > 1:
+            for tl in tallies:
+                tl.ambiguous += 1
+            continue
+        region = regions[owners[0]]
+        if region is None:
+            for tl in tallies:
+                tl.unobservable += 1
+            continue
+        mass, hit = region.score(alpha[t])
+        for tl in tallies:
+            tl.add(mass, hit, region.chance_mass, region.chance_hit)
+
+
 def evaluate_grounding(
     predictions: Mapping[Any, tuple[Sequence[str], Any]],
     grounding: Mapping[str, Any],
@@ -363,28 +452,11 @@ def evaluate_grounding(
     no word was evaluated), the word counts, ``items``, ``items_missing`` and ``by_class`` /
     ``by_word`` breakdowns with the same fields.
     """
-    kind = kind or grounding.get("kind")
-    if kind not in ("image", "video"):
-        raise ConfigError(f"grounding kind={kind!r} is not valid: use image | video")
-    if grounding.get("kind", kind) != kind:
-        raise DataError(f"grounding file is for kind={grounding.get('kind')!r} but kind={kind!r} was asked for")
-    items = grounding.get("items")
-    if not isinstance(items, Mapping):
-        raise DataError("grounding file has no 'items' mapping; regenerate the synthetic dataset")
-    if kind == "image" and grid is None and boxes is None:
-        raise ConfigError("image grounding needs grid=(h, w) of the attention cells (FeatureStore meta 'grid') "
-                          "or the boxes of the attended regions")
-    if kind == "video" and frame_indices is None:
-        raise ConfigError("video grounding needs frame_indices (the sampled source frames per video)")
-    geom = _as_geometry(geometry)
-    classes = {c: list(ws) for c, ws in (word_classes or word_classes_of(grounding)).items()}
-    word_class: dict[str, str] = {}
-    for c, ws in classes.items():
-        for w in ws:
-            word_class.setdefault(str(w), c)
-    fidx = {str(k): list(v) for k, v in (frame_indices or {}).items()}
-    nvalid = {str(k): int(v) for k, v in (valid or {}).items()}
-
+    kind, items = _checked_items(grounding, kind, grid=grid, boxes=boxes, frame_indices=frame_indices)
+    positions = _Positions(kind, grid, _as_geometry(geometry), boxes, image_sizes or {},
+                           {str(k): list(v) for k, v in (frame_indices or {}).items()},
+                           {str(k): int(v) for k, v in (valid or {}).items()})
+    word_class = _class_of_word(word_classes or word_classes_of(grounding))
     result = GroundingResult(kind=kind)
     for raw_key, (tokens, attention) in predictions.items():
         key = str(raw_key)
@@ -396,37 +468,8 @@ def evaluate_grounding(
         tokens = [str(t) for t in tokens]
         alpha = _item_attention(tokens, attention, key)
         objects = entry.get("objects" if kind == "image" else "events") or []
-        if kind == "image" and boxes is not None:
-            regions = _box_regions(entry, objects, boxes.get(raw_key, boxes.get(key)),
-                                   (image_sizes or {}).get(raw_key, (image_sizes or {}).get(key)), key)
-        elif kind == "image":
-            regions = _image_regions(entry, objects, grid, geom, alpha.shape[1], nvalid.get(key), key)
-        else:
-            regions = _video_regions(objects, fidx.get(key), alpha.shape[1], nvalid.get(key), grid, key)
-        named = owners_in_context(tokens, [{i for i, o in enumerate(objects) if w in o.get("words", ())}
-                                           for w in tokens])
-        for t, word in enumerate(tokens):
-            cls = word_class.get(word)
-            if cls is None:
-                continue
-            owners = sorted(named[t])
-            tallies = result.tally(word, cls)
-            if not owners:
-                for tl in tallies:
-                    tl.not_in_item += 1
-                continue
-            if len(owners) > 1:
-                for tl in tallies:
-                    tl.ambiguous += 1
-                continue
-            region = regions[owners[0]]
-            if region is None:
-                for tl in tallies:
-                    tl.unobservable += 1
-                continue
-            mass, hit = region.score(alpha[t])
-            for tl in tallies:
-                tl.add(mass, hit, region.chance_mass, region.chance_hit)
+        regions = positions.regions(raw_key, entry, objects, alpha.shape[1])
+        _tally_words(result, tokens, alpha, objects, regions, word_class)
     return result.to_dict()
 
 
