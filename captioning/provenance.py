@@ -20,6 +20,7 @@ import pytorch_lightning as pl
 import torch
 
 import captioning
+from captioning.utils.io import atomic_write_json
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,3 +66,9 @@ def file_sha256(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def write_provenance(out: str | Path, record: dict[str, Any], files: tuple[str, ...]) -> None:
+    """``provenance.json`` beside the outputs: the record and the sha256 of each file it covers
+    (``results.json`` keeps the COCO results format, a bare list, which has no room for it)."""
+    atomic_write_json(Path(out) / "provenance.json", {**record, "files": {f: file_sha256(Path(out) / f) for f in files}})

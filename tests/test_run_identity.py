@@ -221,6 +221,22 @@ def test_provenance_and_the_parent_run_of_a_second_stage(tiny, tmp_path):
     scst = json.loads((second / "train_summary.json").read_text())
     assert scst["parent"]["fingerprint"] == xe["fingerprint"] and scst["parent"]["step"] == STEPS
     assert torch.load(second / "checkpoints" / "last.ckpt", weights_only=True)["run"]["parent"] == scst["parent"]
+    # every evaluation and caption output names the run it came from
+    ev, cap = tmp_path / "eval", tmp_path / "captions"
+    run_cli("evaluate", f"ckpt_path={second / 'checkpoints' / 'last.ckpt'}", "split=val", "metrics=[bleu,cider]",
+            f"output_dir={ev}", "num_workers=0", "trainer.enable_progress_bar=false", f"hydra.run.dir={ev}/hydra")
+    record = json.loads((ev / "provenance.json").read_text())
+    assert record["run"] == scst["fingerprint"] and record["checkpoints"][0]["fingerprint"] == scst["fingerprint"]
+    assert record["store_id"] == prov["store_id"] and record["git_commit"] == prov["git_commit"]
+    for name in ("results.json", "metrics.json", "predictions.json"):
+        assert record["files"][name] == hashlib.sha256((ev / name).read_bytes()).hexdigest()
+    assert json.loads((ev / "report.json").read_text())["meta"]["provenance"]["run"] == scst["fingerprint"]
+    run_cli("caption", f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}", "store_split=test", "max_items=2",
+            f"output_dir={cap}", "device=cpu", "num_workers=0", "progress=false", f"hydra.run.dir={cap}/hydra",
+            check=False)  # the tiny store records no preprocessing to draw figures with: entries fail, captions stand
+    record = json.loads((cap / "provenance.json").read_text())
+    assert record["checkpoints"][0]["fingerprint"] == xe["fingerprint"]
+    assert record["files"]["captions.json"] == hashlib.sha256((cap / "captions.json").read_bytes()).hexdigest()
 
 
 @pytest.mark.slow

@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytorch_lightning as pl
 from omegaconf import MISSING
+from torch.utils.data import DataLoader
 
 from captioning.config import TrainerConfig, checkpoint_data_config
 from captioning.data.annotations import read_dataset
@@ -32,9 +35,12 @@ from captioning.evaluation.structure import evaluate_structure
 from captioning.metrics import compute_metrics, default_metrics
 from captioning.models.decoders import run_tag
 from captioning.models.search import DecodeConfig
+from captioning.provenance import provenance, write_provenance
+from captioning.store.feature_store import store_id
 from captioning.store.streams import open_features
 from captioning.train.checkpoint import (
     check_compatible,
+    checkpoint_run,
     load_captioner,
     load_checkpoint,
     load_ensemble,
@@ -78,23 +84,85 @@ def run_name(paths: list[str]) -> str:
     return name if len(paths) == 1 else f"{name}-ensemble{len(paths)}"
 
 
-def evaluate(cfg: EvaluateConfig) -> dict | None:
-    """Decode, gather, score, report.  Returns the summary on rank 0 (None on other ranks); its
-    ``seconds`` say where the time went (set-up, decode, score and each metric, write, report)."""
-    import numpy as np
-    import pytorch_lightning as pl
-    from torch.utils.data import DataLoader
+class Laps:
+    """Seconds per step of a job (``lap(step)`` closes the step that started at the last lap)."""
 
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._clock = time.perf_counter()
 
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(step: str) -> None:
-        nonlocal clock
+    def lap(self, step: str) -> None:
         now = time.perf_counter()
-        seconds[step] = seconds.get(step, 0.0) + now - clock
-        clock = now
+        self.seconds[step] = self.seconds.get(step, 0.0) + now - self._clock
+        self._clock = now
 
+
+@dataclass
+class Decoded:
+    """A decoded split (rank zero): its items in order, each one's prediction (``tokens``, ``score``,
+    ``attention`` [T, N] or None, ``nbest``) and caption, and what was decoded with what."""
+
+    items: FeatureItems
+    predictions: dict[int, dict]
+    order: list[int]
+    store: Any
+    data_cfg: Any
+    train_cfg: dict
+    model: Any
+    paths: list[str]
+
+    @property
+    def id_key(self) -> str:
+        return "video_id" if self.data_cfg.kind == "video" else "image_id"
+
+    def source_id(self, i: int) -> Any:
+        return self.items.records[i].source_id
+
+    @property
+    def hypotheses(self) -> dict[int, str]:
+        return {i: " ".join(self.predictions[i]["tokens"]) for i in self.order}
+
+    @property
+    def references(self) -> dict[int, list[str]]:
+        return {i: self.items.references[i] for i in self.order}
+
+
+def evaluate(cfg: EvaluateConfig) -> dict | None:
+    """Decode -> score -> write -> ground -> report.  Returns the summary on rank 0 (None on other
+    ranks); its ``seconds`` say where the time went (set-up, decode, score and each metric, write,
+    report)."""
+    laps = Laps()
+    decoded = decode_split(cfg, laps)
+    if decoded is None:
+        return None
+    out = output_folder(cfg, decoded.paths)
+    out.mkdir(parents=True, exist_ok=True)
+    hyps, refs = decoded.hypotheses, decoded.references
+    laps.lap("decode")  # incl. gathering the ranks' predictions
+    result = compute_metrics(refs, hyps, metrics=tuple(metric_names(cfg.metrics)), tokenize=False)
+    scores = {k: float(v) for k, v in result.scores.items()}
+    laps.lap("score")
+    laps.seconds.update({f"score/{k}": v for k, v in result.seconds.items()})
+    write_results(cfg, decoded, out, scores)
+    laps.lap("write")  # results, metrics, predictions (with attention) files
+    structure, grounding = ground(cfg, decoded)
+    meta = {"checkpoint": decoded.paths[0] if len(decoded.paths) == 1 else decoded.paths, "split": cfg.split,
+            "items": len(decoded.order), "decode": vars(cfg.decode), "data": decoded.data_cfg.name,
+            "model": run_tag(decoded.train_cfg["model"]), "bleu_stats": getattr(result, "bleu_stats", None),
+            "provenance": evaluation_provenance(decoded)}
+    write_report(out, scores, metrics_by_length(refs, hyps), vocabulary_usage(hyps, refs, len(decoded.model.vocab)),
+                 grounding, meta, structure=structure)
+    write_provenance(out, meta["provenance"], ("results.json", "metrics.json", "predictions.json"))
+    laps.lap("report")  # grounding, structure, metrics by length, vocabulary usage, report files
+    log.info("evaluation seconds: %s", ", ".join(f"{k} {v:.1f}" for k, v in laps.seconds.items()))
+    print_table(scores, grounding, out, structure)
+    return {"output_dir": str(out), "metrics": scores, "grounding": grounding, "structure": structure,
+            "items": len(decoded.order), "seconds": {k: round(v, 3) for k, v in laps.seconds.items()}}
+
+
+def decode_split(cfg: EvaluateConfig, laps: Laps) -> Decoded | None:
+    """The split decoded by the checkpoint (or ensemble) with Lightning ``predict`` on every rank,
+    gathered; None on the ranks other than zero."""
     paths = checkpoint_paths(cfg.ckpt_path)
     hp = load_checkpoint(paths[0])["hyper_parameters"]
     train_cfg = hp["config"]
@@ -107,115 +175,114 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     check_compatible(hp, hp["vocab"], dict(store.meta), paths[0])  # the other members: as the first
     model = load_captioner(paths[0]) if len(paths) == 1 else load_ensemble(paths)
     model.decode_cfg = cfg.decode
-
     records = read_dataset(data_cfg).split(cfg.split)
     if not records:
         raise ConfigError(f"split={cfg.split!r} has no items in data '{data_cfg.name}': use train, val or test")
-    if cfg.max_items:
-        records = records[: cfg.max_items]
-    items = FeatureItems(records, store)
+    items = FeatureItems(records[: cfg.max_items] if cfg.max_items else records, store)
     loader = DataLoader(CaptionEvalDataset(items), batch_size=cfg.batch_size, shuffle=False,
                         num_workers=cfg.num_workers, collate_fn=collate)
     trainer = pl.Trainer(**cfg.trainer.kwargs(logger=False, callbacks=[], enable_checkpointing=False,
                                               enable_model_summary=False))
-    lap("setup")  # checkpoint, store, annotations, references tokenized
+    laps.lap("setup")  # checkpoint, store, annotations, references tokenized
     outputs = trainer.predict(model, loader) or []
-    local = [p for batch in outputs for p in batch]
     predictions: dict[int, dict] = {}
-    for part in gather_objects(local):
+    for part in gather_objects([p for batch in outputs for p in batch]):
         for p in part:
             predictions.setdefault(p["index"], p)
     if not trainer.is_global_zero:
         return None
+    return Decoded(items, predictions, sorted(predictions), store, data_cfg, train_cfg, model, paths)
 
+
+def output_folder(cfg: EvaluateConfig, paths: list[str]) -> Path:
+    """``output_dir``, or ``<run>/eval/[ensemble<M>-]<split>-beam<k>`` of the first checkpoint."""
+    if cfg.output_dir:
+        return Path(cfg.output_dir)
     ensemble = f"ensemble{len(paths)}-" if len(paths) > 1 else ""
-    out = Path(cfg.output_dir) if cfg.output_dir else (
-        Path(paths[0]).resolve().parent.parent / "eval" / f"{ensemble}{cfg.split}-beam{cfg.decode.beam_size}")
-    out.mkdir(parents=True, exist_ok=True)
-    order = sorted(predictions)
-    id_key = "video_id" if data_cfg.kind == "video" else "image_id"
-    hyps = {i: " ".join(predictions[i]["tokens"]) for i in order}
-    refs = {i: items.references[i] for i in order}
-    metric_names = list(cfg.metrics)
-    if "meteor" in metric_names and shutil.which("java") is None:
-        log.warning("METEOR needs Java (the toolkit's jar): not found on PATH, METEOR skipped")
-        metric_names.remove("meteor")
-    lap("decode")  # incl. gathering the ranks' predictions
-    result = compute_metrics(refs, hyps, metrics=tuple(metric_names), tokenize=False)
-    scores = {k: float(v) for k, v in result.scores.items()}
-    lap("score")
-    seconds.update({f"score/{k}": v for k, v in result.seconds.items()})
+    return Path(paths[0]).resolve().parent.parent / "eval" / f"{ensemble}{cfg.split}-beam{cfg.decode.beam_size}"
 
-    results = [{id_key: items.records[i].source_id, "caption": hyps[i]} for i in order]
-    atomic_write_json(out / "results.json", results)
+
+def metric_names(names: list[str]) -> list[str]:
+    """The metrics to score: METEOR left out (with a warning) when there is no Java to run its jar."""
+    names = list(names)
+    if "meteor" in names and shutil.which("java") is None:
+        log.warning("METEOR needs Java (the toolkit's jar): not found on PATH, METEOR skipped")
+        names.remove("meteor")
+    return names
+
+
+def write_results(cfg: EvaluateConfig, d: Decoded, out: Path, scores: dict[str, float]) -> None:
+    """``results.json`` (COCO results format), ``metrics.json``, ``predictions.json`` (tokens, score,
+    attention), ``nbest.json`` when several hypotheses per item were asked for, and the
+    evaluation server's file (``server=``) last: a failed check of it loses no decoded caption."""
+    hyps = d.hypotheses
+    atomic_write_json(out / "results.json", [{d.id_key: d.source_id(i), "caption": hyps[i]} for i in d.order])
     atomic_write_json(out / "metrics.json", scores)
     atomic_write_json(out / "predictions.json", [
-        {id_key: items.records[i].source_id, "caption": hyps[i], "tokens": predictions[i]["tokens"],
-         "score": predictions[i]["score"],
-         "attention": None if predictions[i]["attention"] is None
-         else np.round(predictions[i]["attention"].astype(float), 5).tolist()}
-        for i in order
+        {d.id_key: d.source_id(i), "caption": hyps[i], "tokens": d.predictions[i]["tokens"],
+         "score": d.predictions[i]["score"],
+         "attention": None if d.predictions[i]["attention"] is None
+         else np.round(d.predictions[i]["attention"].astype(float), 5).tolist()}
+        for i in d.order
     ], indent=None)
     if cfg.decode.per_item > 1:  # every hypothesis of each item, best first (n-best / n samples)
         atomic_write_json(out / "nbest.json", [
-            {id_key: items.records[i].source_id, "captions": [
-                {"caption": " ".join(t), "score": s} for t, s in predictions[i]["nbest"]]}
-            for i in order
+            {d.id_key: d.source_id(i), "captions": [{"caption": " ".join(t), "score": s}
+                                                   for t, s in d.predictions[i]["nbest"]]}
+            for i in d.order
         ], indent=None)
-    if cfg.server:  # after the other files: a failed check loses no decoded caption
-        server_file, _ = write_coco_results({items.records[i].source_id: hyps[i] for i in order},
+    if cfg.server:
+        records = d.items.records
+        server_file, _ = write_coco_results({d.source_id(i): hyps[i] for i in d.order},
                                             [r.source_id for r in records], out,
                                             coco_image_set([r.path for r in records], cfg.split),
-                                            cfg.server_alg or run_name(paths))
+                                            cfg.server_alg or run_name(d.paths))
         log.info("%s server file: %s (zipped: %s)", cfg.server, server_file, out / "results.zip")
 
-    lap("write")  # results, metrics, predictions (with attention) files
-    grounding = structure = None
-    gfile = None
-    if cfg.grounding and data_cfg.grounding and Path(data_cfg.grounding).is_file():
 
-        gfile = read_json(data_cfg.grounding, "grounding file")
-        try:
-            structure = evaluate_structure({str(items.records[i].source_id): predictions[i]["tokens"]
-                                            for i in order}, gfile)
-        except DataError as e:  # e.g. data generated by an older generator: the results stand
-            log.warning("structured accuracy and grounding skipped: %s", e)
-            gfile = None
-    if gfile is not None and store.meta.get("regions") and not store.meta.get("boxes"):
-        log.warning("grounding skipped: the regions in %s have no boxes to place them in the image", store.root)
-    elif gfile is not None:
-        preds = {str(items.records[i].source_id): (predictions[i]["tokens"], predictions[i]["attention"])
-                 for i in order if predictions[i]["attention"] is not None}
-        frame_indices: dict[str, list[int]] | None = {} if data_cfg.kind == "video" else None
-        valid: dict[str, int] = {}
-        boxes: dict[str, np.ndarray] | None = {} if store.meta.get("boxes") else None  # image regions
-        sizes: dict[str, tuple[int, int]] = {}
-        for i in order:
-            rec = items.records[i]
-            item = store[rec.item_id]
-            valid[str(rec.source_id)] = int(item.valid)
-            if boxes is not None and item.boxes is not None:
-                boxes[str(rec.source_id)] = np.array(item.boxes[: item.valid])
-                if item.image_size is not None:
-                    sizes[str(rec.source_id)] = item.image_size
-            if frame_indices is not None:
-                frame_indices[str(rec.source_id)] = list(item.frame_indices or [])
-        grid = store.meta.get("grid")
-        grounding = evaluate_grounding(preds, gfile, kind=data_cfg.kind, grid=tuple(grid) if grid else None,
-                                       frame_indices=frame_indices, geometry=dict(store.meta), valid=valid,
-                                       boxes=boxes, image_sizes=sizes)
-    by_length = metrics_by_length(refs, hyps)
-    vocab_use = vocabulary_usage(hyps, refs, len(model.vocab))
-    meta = {"checkpoint": paths[0] if len(paths) == 1 else paths, "split": cfg.split, "items": len(order),
-            "decode": vars(cfg.decode), "data": data_cfg.name, "model": run_tag(train_cfg["model"]),
-            "bleu_stats": getattr(result, "bleu_stats", None)}
-    write_report(out, scores, by_length, vocab_use, grounding, meta, structure=structure)
-    lap("report")  # grounding, structure, metrics by length, vocabulary usage, report files
-    log.info("evaluation seconds: %s", ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
-    summary = {"output_dir": str(out), "metrics": scores, "grounding": grounding, "structure": structure,
-               "items": len(order), "seconds": {k: round(v, 3) for k, v in seconds.items()}}
-    print_table(scores, grounding, out, structure)
-    return summary
+def ground(cfg: EvaluateConfig, d: Decoded) -> tuple[dict | None, dict | None]:
+    """(structured accuracy, attention grounding) on data with a grounding file (the synthetic
+    data); (None, None) elsewhere or when the file does not fit the data."""
+    path = d.data_cfg.grounding
+    if not (cfg.grounding and path and Path(path).is_file()):
+        return None, None
+    gfile = read_json(path, "grounding file")
+    try:
+        structure = evaluate_structure({str(d.source_id(i)): d.predictions[i]["tokens"] for i in d.order}, gfile)
+    except DataError as e:  # e.g. data generated by an older generator: the results stand
+        log.warning("structured accuracy and grounding skipped: %s", e)
+        return None, None
+    meta = d.store.meta
+    if meta.get("regions") and not meta.get("boxes"):
+        log.warning("grounding skipped: the regions in %s have no boxes to place them in the image", d.store.root)
+        return structure, None
+    preds = {str(d.source_id(i)): (d.predictions[i]["tokens"], d.predictions[i]["attention"])
+             for i in d.order if d.predictions[i]["attention"] is not None}
+    frame_indices: dict[str, list[int]] | None = {} if d.data_cfg.kind == "video" else None
+    valid: dict[str, int] = {}
+    boxes: dict[str, np.ndarray] | None = {} if meta.get("boxes") else None  # image regions
+    sizes: dict[str, tuple[int, int]] = {}
+    for i in d.order:
+        key, item = str(d.source_id(i)), d.store[d.items.records[i].item_id]
+        valid[key] = int(item.valid)
+        if boxes is not None and item.boxes is not None:
+            boxes[key] = np.array(item.boxes[: item.valid])
+            if item.image_size is not None:
+                sizes[key] = item.image_size
+        if frame_indices is not None:
+            frame_indices[key] = list(item.frame_indices or [])
+    grid = meta.get("grid")
+    grounding = evaluate_grounding(preds, gfile, kind=d.data_cfg.kind, grid=tuple(grid) if grid else None,
+                                   frame_indices=frame_indices, geometry=dict(meta), valid=valid,
+                                   boxes=boxes, image_sizes=sizes)
+    return structure, grounding
+
+
+def evaluation_provenance(d: Decoded) -> dict[str, Any]:
+    """Where the numbers came from: the checkpoints' runs (fingerprints), the store, the code."""
+    runs = [checkpoint_run(p) for p in d.paths]
+    return provenance(store=store_id(d.store.meta), run=runs[0]["fingerprint"] if len(runs) == 1 else None,
+                      checkpoints=runs)
 
 
 def print_table(scores: dict, grounding: dict | None, out: Path, structure: dict | None = None) -> None:

@@ -23,6 +23,7 @@ from captioning.errors import CheckpointError, ConfigError, StorageError
 from captioning.models.ensemble import EnsembleDecoder
 from captioning.store.feature_store import settings_diff
 from captioning.train.finetune import FinetuneModule, captioner_class
+from captioning.train.identity import fingerprint
 from captioning.utils.io import atomic_write
 
 
@@ -100,6 +101,15 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         if key not in hp:
             raise CheckpointError(f"{path} is not a captioning checkpoint: hyper_parameters lack '{key}'")
     return ckpt
+
+
+def checkpoint_run(path: str | Path, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The run a checkpoint belongs to: ``{checkpoint, fingerprint, step}`` (the fingerprint of a
+    checkpoint written before run identity is computed from its config)."""
+    state = load_checkpoint(path) if state is None else state
+    run = state.get("run") or {}
+    return {"checkpoint": str(path), "step": int(state.get("global_step", 0)),
+            "fingerprint": run.get("fingerprint") or fingerprint(state["hyper_parameters"]["config"])}
 
 
 def check_compatible(hparams: Mapping[str, Any], vocab: Mapping[str, Any], feature_meta: Mapping[str, Any],

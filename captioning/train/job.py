@@ -32,7 +32,12 @@ from captioning.models.search import DecodeConfig
 from captioning.provenance import provenance
 from captioning.store.feature_store import store_id
 from captioning.store.streams import open_features
-from captioning.train.checkpoint import AtomicCheckpointIO, check_compatible, load_checkpoint
+from captioning.train.checkpoint import (
+    AtomicCheckpointIO,
+    check_compatible,
+    checkpoint_run,
+    load_checkpoint,
+)
 from captioning.train.finetune import FinetuneConfig, FinetuneModule, finetune_data
 from captioning.train.identity import decide_resume, fingerprint
 from captioning.train.module import CaptioningModule, OptimConfig, config_dict
@@ -324,8 +329,6 @@ def init_weights(model: pl.LightningModule, path: str, vocab: dict, feature_meta
     except RuntimeError as e:
         raise CheckpointError(f"init_from={path}: its weights do not fit this run's model "
                               f"({str(e).splitlines()[0][:200]}); use the same model settings as that run") from None
-    step = int(state.get("global_step", 0))
-    log.info("initialised from %s (its step %d)", path, step)
-    run = state.get("run") or {}
-    return {"checkpoint": str(path), "step": step,
-            "fingerprint": run.get("fingerprint") or fingerprint(state["hyper_parameters"]["config"])}
+    parent = checkpoint_run(path, state)
+    log.info("initialised from %s (its step %d)", path, parent["step"])
+    return parent

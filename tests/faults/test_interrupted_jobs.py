@@ -332,7 +332,7 @@ EVAL_FAULTS = [
     ("kill", "write", "report.md"),
     ("enospc", "write", "report.md"),
 ]
-OUTPUTS = ("results.json", "metrics.json", "predictions.json", PLOT, "report.json", "report.md")
+OUTPUTS = ("results.json", "metrics.json", "predictions.json", PLOT, "report.json", "report.md", "provenance.json")
 
 
 def evaluate_args(ckpt: Path, out: Path) -> list[str]:

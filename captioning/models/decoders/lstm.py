@@ -34,6 +34,7 @@ every step (fixed shapes, one graph for ``torch.compile``).  With ``fused_kernel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,20 @@ __all__ = ["LSTMConfig", "LSTMDecoder", "VARIANTS"]
 VARIANTS = ("show_tell", "mean_pool", "soft_attention", "hard_attention")
 SCORINGS = ("additive", "dot", "general")
 TEST_MODES = ("argmax", "expectation")
+
+
+@dataclass
+class _Schedule:
+    """Teacher forcing's inputs/targets ``[B,T]`` and real-token mask; packed: sorted longest first,
+    with ``lengths`` [B] and ``active[t]`` the rows still running at step t (None: every row, every step)."""
+
+    features: Tensor
+    mask: Tensor | None
+    inputs: Tensor
+    targets: Tensor
+    step_mask: Tensor
+    lengths: Tensor | None = None
+    active: list[int] | None = None
 
 
 @dataclass
@@ -359,102 +374,112 @@ class LSTMDecoder(CaptionDecoder):
         (arctic-captions' per-token cost: the advantage does not track caption length), against
         a moving-average baseline of that reward.
         """
-        cfg = self.cfg
         if static and self.hard:
             raise ConfigError("compute_loss(static=True): hard_attention decides soft/sampled batches and "
                               "updates its REINFORCE baseline on the host; use the packed schedule")
-        inputs, targets, step_mask = teacher_forcing_targets(tokens, self.pad_id)
-        b = tokens.shape[0]
-        active: list[int] | None = None
-        if not static:
-            # Sorted longest first, the captions still running at step t are a prefix of the
-            # batch: step t works on rows [:active[t]] only, no work on padded steps.
-            lengths = check_right_padded(step_mask, self.pad_id)
-            t_max = max(int(lengths.max().item()) if lengths.numel() else 0, 1)
-            inputs, targets, step_mask = inputs[:, :t_max], targets[:, :t_max], step_mask[:, :t_max]
-            order = torch.argsort(lengths, descending=True, stable=True)
-            if not torch.equal(order, torch.arange(b, device=order.device)):
-                features, inputs, targets = features[order], inputs[order], targets[order]
-                step_mask, lengths = step_mask[order], lengths[order]
-                mask = mask[order] if mask is not None else None
-            steps = torch.arange(t_max, device=lengths.device)
-            active = (lengths.unsqueeze(0) > steps.unsqueeze(1)).sum(1).tolist()
-
-        memory, mean = self._memory(features, mask)
-        position_mask = memory["mask"]
+        sched = self._schedule(features, mask, tokens, static)
+        memory, mean = self._memory(sched.features, sched.mask)
         h, c = self._initial_state(mean)
         if self.hard and self.training:
-            mode = "soft" if float(torch.rand(())) < cfg.soft_fraction else "sample"
+            mode = "soft" if float(torch.rand(())) < self.cfg.soft_fraction else "sample"
         else:
             mode = self._test_mode()
+        words = self.embedding(sched.inputs)  # [B,T,E], all steps at once
+        steps = self._unroll(words, memory, h, c, mode, sched, fused=self.cfg.fused_kernels and not static)
+        return self._losses(words, steps, sched, memory["mask"], label_smoothing, tokens.shape[0])
 
-        words = self.embedding(inputs)  # [B,T,E], all steps at once
-        fused = cfg.fused_kernels and not static
+    def _schedule(self, features: Tensor, mask: Tensor | None, tokens: Tensor, static: bool) -> _Schedule:
+        """Inputs/targets of teacher forcing; packed (not ``static``): the batch sorted longest first,
+        so the captions still running at step t are a prefix and step t works on rows [:active[t]]."""
+        inputs, targets, step_mask = teacher_forcing_targets(tokens, self.pad_id)
+        if static:
+            return _Schedule(features, mask, inputs, targets, step_mask)
+        lengths = check_right_padded(step_mask, self.pad_id)
+        t_max = max(int(lengths.max().item()) if lengths.numel() else 0, 1)
+        inputs, targets, step_mask = inputs[:, :t_max], targets[:, :t_max], step_mask[:, :t_max]
+        order = torch.argsort(lengths, descending=True, stable=True)
+        if not torch.equal(order, torch.arange(tokens.shape[0], device=order.device)):
+            features, inputs, targets = features[order], inputs[order], targets[order]
+            step_mask, lengths = step_mask[order], lengths[order]
+            mask = mask[order] if mask is not None else None
+        steps = torch.arange(t_max, device=lengths.device)
+        active = (lengths.unsqueeze(0) > steps.unsqueeze(1)).sum(1).tolist()
+        return _Schedule(features, mask, inputs, targets, step_mask, lengths, active)
+
+    def _steppers(self, words: Tensor, keys: Tensor | None, fused: bool) -> tuple[Callable, Callable | None]:
+        """The LSTM step and the attention scorer: the fused kernels (``captioning.models.kernels``)
+        or plain autograd, tested equal."""
         if fused:
             lstm_step = kernels.FusedLSTMCells(self.cells, words, self.dropout).step
         else:
             def lstm_step(t: int, z: Tensor | None, h: list[Tensor], c: list[Tensor]):
                 x = words[: h[0].shape[0], t]
                 return self._lstm(x if z is None else torch.cat([x, z.to(x.dtype)], -1), h, c)
-        keys = memory["keys"]
-        scorer = None
-        if keys is not None:
-            if fused and isinstance(self.attention, AdditiveAttention):
-                scorer = kernels.additive_step_scorer(self.attention, keys)
-            else:
-                scorer = lambda h_top: self.attention.scores(h_top, keys[: h_top.shape[0]])  # noqa: E731
+        if keys is None:
+            return lstm_step, None
+        if fused and isinstance(self.attention, AdditiveAttention):
+            return lstm_step, kernels.additive_step_scorer(self.attention, keys)
+        return lstm_step, lambda h_top: self.attention.scores(h_top, keys[: h_top.shape[0]])
 
-        hs: list[Tensor] = []
-        zs: list[Tensor] = []
-        alphas: list[Tensor] = []
-        logps: list[Tensor] = []
-        for t in range(inputs.shape[1]):
-            if active is not None and active[t] < h[0].shape[0]:  # captions that ended drop out
-                r = active[t]
+    def _unroll(self, words: Tensor, memory: dict, h: list[Tensor], c: list[Tensor], mode: str,
+                sched: _Schedule, fused: bool) -> dict[str, list[Tensor]]:
+        """The decoder over the caption's steps: per step the top hidden state, context, attention
+        and (sampled hard attention) the log-probability of the chosen location."""
+        lstm_step, scorer = self._steppers(words, memory["keys"], fused)
+        out: dict[str, list[Tensor]] = {"h": [], "z": [], "alpha": [], "logp": []}
+        for t in range(sched.inputs.shape[1]):
+            if sched.active is not None and sched.active[t] < h[0].shape[0]:  # captions that ended drop out
+                r = sched.active[t]
                 h, c = [x[:r] for x in h], [x[:r] for x in c]
                 memory = {k: (None if v is None else v[:r]) for k, v in memory.items()}
             z, alpha, logp = self._attend(h[-1], memory, mode, scorer)
             h, c = lstm_step(t, z, h, c)
-            hs.append(h[-1])
-            zs += [z] if z is not None else []
-            alphas += [alpha] if alpha is not None else []
-            logps += [logp] if logp is not None else []
+            out["h"].append(h[-1])
+            for key, value in (("z", z), ("alpha", alpha), ("logp", logp)):
+                if value is not None:
+                    out[key].append(value)
+        return out
 
-        if active is not None:  # real tokens only, time-major (the order the loop made them)
-            real_tb = step_mask.t()  # [T,B]
-            h_all, z_all = torch.cat(hs, 0), (torch.cat(zs, 0) if zs else None)
-            logits = self._logits(words.transpose(0, 1)[real_tb], h_all, z_all)  # [M,V]
-            tgt = targets.t()[real_tb]
+    def _losses(self, words: Tensor, steps: dict[str, list[Tensor]], sched: _Schedule, position_mask: Tensor | None,
+                label_smoothing: float, b: int) -> dict[str, Tensor]:
+        """Token cross-entropy over the real tokens, eq. 14's regulariser and, for hard attention, the
+        REINFORCE and entropy terms (see ``compute_loss``)."""
+        cfg, zs, alphas = self.cfg, steps["z"], steps["alpha"]
+        if sched.active is not None:  # real tokens only, time-major (the order the loop made them)
+            real_tb = sched.step_mask.t()  # [T,B]
+            z_all = torch.cat(zs, 0) if zs else None
+            logits = self._logits(words.transpose(0, 1)[real_tb], torch.cat(steps["h"], 0), z_all)  # [M,V]
+            tgt = sched.targets.t()[real_tb]
             n_tok: Tensor | int = max(tgt.numel(), 1)
             alpha_all = _pad_rows_and_stack(alphas, b) if alphas else None  # zeros after <eos>
         else:
+            real_tb = None
             z_all = torch.stack(zs, 1) if zs else None
-            logits = self._logits(words, torch.stack(hs, 1), z_all).flatten(0, 1)  # [B*T,V]
-            tgt = targets.flatten()
-            n_tok = step_mask.sum().clamp_min(1)
+            logits = self._logits(words, torch.stack(steps["h"], 1), z_all).flatten(0, 1)  # [B*T,V]
+            tgt = sched.targets.flatten()
+            n_tok = sched.step_mask.sum().clamp_min(1)
             alpha_all = torch.stack(alphas, 1) if alphas else None
-        ignore = self.pad_id if active is None else -100
+        ignore = self.pad_id if sched.active is None else -100
         nll_sum = token_cross_entropy(logits, tgt, label_smoothing, ignore_index=ignore)
-        total = nll_sum
         out: dict[str, Tensor] = {"xe": nll_sum / n_tok}
+        total = nll_sum
         if alpha_all is not None:
-            penalty = doubly_stochastic_penalty(alpha_all, step_mask, position_mask)  # [B]
+            penalty = doubly_stochastic_penalty(alpha_all, sched.step_mask, position_mask)  # [B]
             out["ds"] = penalty.mean()
             total = total + cfg.doubly_stochastic * penalty.sum()
         else:
             out["ds"] = nll_sum.new_zeros(())
-        loss = total / n_tok
+        out["loss"] = total / n_tok
         if self.hard:
             assert alpha_all is not None and isinstance(n_tok, int)
-            entropy = (attention_entropy(alpha_all) * step_mask.to(alpha_all.dtype)).sum() / n_tok
+            entropy = (attention_entropy(alpha_all) * sched.step_mask.to(alpha_all.dtype)).sum() / n_tok
             reinforce = nll_sum.new_zeros(())
-            if logps:
-                reinforce = self._reinforce(logits, tgt, real_tb, lengths, _pad_rows_and_stack(logps, b), n_tok)
-            loss = loss + cfg.reinforce_weight * reinforce - cfg.entropy_weight * entropy
-            out["reinforce"] = reinforce
-            out["entropy"] = entropy.detach()
-            out["baseline"] = self.reinforce_baseline.detach().clone().float()
-        out["loss"] = loss
+            if steps["logp"]:
+                reinforce = self._reinforce(logits, tgt, real_tb, sched.lengths, _pad_rows_and_stack(steps["logp"], b),
+                                            n_tok)
+            out["loss"] = out["loss"] + cfg.reinforce_weight * reinforce - cfg.entropy_weight * entropy
+            out.update(reinforce=reinforce, entropy=entropy.detach(),
+                       baseline=self.reinforce_baseline.detach().clone().float())
         return out
 
     def _reinforce(self, logits: Tensor, tgt: Tensor, real_tb: Tensor, lengths: Tensor, logp: Tensor,
