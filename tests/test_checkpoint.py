@@ -54,3 +54,51 @@ def test_truncated_and_missing_and_empty(tmp_path):
     torch.save({"weights": torch.zeros(1)}, other)
     with pytest.raises(CheckpointError, match="not a captioning checkpoint"):
         load_checkpoint(other)
+
+
+def _legacy_checkpoint(tmp_path, **scst):
+    """A checkpoint as written before the layout and run-identity changes: no ``stage`` (the
+    ``scst.enabled`` / ``finetune.enabled`` flags), ``resume`` a boolean, no ``run`` record."""
+    from dataclasses import asdict
+
+    import torch
+
+    from captioning.config import DataConfig
+    from captioning.train.module import CaptioningModule
+
+    config = {"data": asdict(DataConfig(name="tiny", root="r", media_dir="m")), "resume": True,
+              "model": {"name": "lstm", "variant": "soft_attention", "embed_dim": 8, "hidden_dim": 8,
+                        "attention_dim": 8},
+              "optim": {}, "decode": {}, "features_dir": "f",
+              "scst": {"enabled": False, "baseline": "greedy", **scst}, "finetune": {"enabled": False, "blocks": 3}}
+    vocab = {"itos": ["<pad>", "<bos>", "<eos>", "<unk>", "a"]}
+    meta = {"kind": "image", "dim": 4, "positions": 4, "grid": [2, 2]}
+    current = {**config, "stage": "xe", "scst": {"baseline": "greedy"}, "finetune": {"blocks": 3}}
+    module = CaptioningModule(config=current, vocab=vocab, feature_meta=meta)
+    path = tmp_path / "old.ckpt"
+    torch.save({"state_dict": module.state_dict(), "global_step": 7,
+                "hyper_parameters": {"config": config, "vocab": vocab, "feature_meta": meta}}, path)
+    return path
+
+
+def test_checkpoints_from_before_the_stage_value_load_with_their_stage(tmp_path):
+    from captioning.train.checkpoint import checkpoint_run, load_captioner
+
+    model = load_captioner(_legacy_checkpoint(tmp_path))
+    assert model.stage == "xe"
+    assert load_captioner(_legacy_checkpoint(tmp_path, enabled=True)).stage == "scst"
+    run = checkpoint_run(_legacy_checkpoint(tmp_path))
+    assert run["step"] == 7 and len(run["fingerprint"]) == 10  # computed from its config
+
+
+def test_a_checkpoint_this_code_cannot_build_fails_in_one_line(tmp_path):
+    import torch
+
+    from captioning.train.checkpoint import load_captioner
+
+    path = _legacy_checkpoint(tmp_path)
+    state = torch.load(path, weights_only=True)
+    state["hyper_parameters"]["config"]["model"]["name"] = "gru"
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match=r"does not match this code's model: .*model.name='gru'"):
+        load_captioner(path)
