@@ -82,6 +82,16 @@ def test_karpathy_tokens_used_when_raw_missing(tmp_path):
     assert by_id(ds)["1"].captions == ("a little baby plays croquet",)
 
 
+def test_karpathy_sentences_are_kept_as_their_raw_text_while_parsing():
+    from captioning.data.formats.karpathy import raw_sentence
+
+    assert raw_sentence({"tokens": ["a", "dog"], "raw": "A dog.", "imgid": 0, "sentid": 7}) == "A dog."
+    no_raw = {"tokens": ["a", "dog"], "imgid": 0, "sentid": 7}
+    image = {"sentences": ["A dog."], "sentid": 3, "raw": "not a sentence"}
+    assert raw_sentence(no_raw) is no_raw and raw_sentence(image) is image  # read as before
+    assert raw_sentence({"raw": "no sentid"}) == {"raw": "no sentid"}
+
+
 def test_msvd_txt_order_split_and_paths(tmp_path, caplog):
     media = tmp_path / "videos"
     media.mkdir()

@@ -117,11 +117,12 @@ class Problems:
 
 
 # --------------------------------------------------------------------------- helpers
-def load_json(path: str | Path, what: str) -> Any:
+def load_json(path: str | Path, what: str, object_hook: Callable[[dict], Any] | None = None) -> Any:
     """Annotation JSON; bytes that are not UTF-8 are kept (as lone surrogates) so that the record
-    holding them can be reported and skipped on its own rather than failing the whole file."""
+    holding them can be reported and skipped on its own rather than failing the whole file.
+    ``object_hook``: see ``read_json``."""
     return read_json(path, what, hint="check data.annotations in your config or the data/ layout",
-                     errors="surrogateescape")
+                     errors="surrogateescape", object_hook=object_hook)
 
 
 def read_text(path: str | Path, what: str) -> str:

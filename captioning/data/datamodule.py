@@ -14,6 +14,7 @@ results gives the same batch.
 from __future__ import annotations
 
 import logging
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,16 +130,16 @@ class CaptionTrainDataset(Dataset):
     def __init__(self, items: FeatureItems, vocab: Vocabulary, max_length: int) -> None:
         self.items = items
         self.pad = vocab.pad
-        item, lengths, tokens = [], [], []
+        item, lengths, tokens = array("q"), array("q"), array("i")  # machine ints as they come, not objects
         for i, refs in enumerate(items.references):
             for ref in refs:
                 seq = [vocab.bos, *vocab.encode(ref.split(), max_length), vocab.eos]
                 item.append(i)
                 lengths.append(len(seq))
                 tokens.extend(seq)
-        self.item = np.array(item, dtype=np.int64)  # [S]
-        self.offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])  # [S + 1]
-        self.tokens = np.array(tokens, dtype=np.int32)  # [sum of lengths]
+        self.item = np.frombuffer(item, dtype=np.int64)  # [S]
+        self.offsets = np.concatenate([[0], np.cumsum(np.frombuffer(lengths, dtype=np.int64))])  # [S + 1]
+        self.tokens = np.frombuffer(tokens, dtype=np.int32)  # [sum of lengths]
 
     def __len__(self) -> int:
         return len(self.item)

@@ -7,7 +7,7 @@ training count (ties alphabetical), so a vocabulary built twice from the same da
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +156,18 @@ def build_vocabulary(records: Iterable[CaptionRecord], min_count: int = 1, max_s
     Records of other splits are ignored, so validation/test words never enter the vocabulary.
     """
 
-    token_lists = [tokenize(c) for r in records if r.split == "train" for c in r.captions]
-    if not token_lists:
+    seen = 0
+
+    def token_lists() -> Iterator[list[str]]:  # one caption's tokens at a time: counted, then dropped
+        nonlocal seen
+        for r in records:
+            if r.split == "train":
+                for c in r.captions:
+                    seen += 1
+                    yield tokenize(c)
+
+    vocab = Vocabulary.build(token_lists(), min_count=min_count, max_size=max_size)
+    if not seen:
         raise DataError("no training captions to build the vocabulary from: the train split is empty "
                         "(check data.annotations and the split names)")
-    return Vocabulary.build(token_lists, min_count=min_count, max_size=max_size)
+    return vocab

@@ -96,12 +96,13 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 1) -> Pat
 
 
 def read_json(path: str | Path, what: str = "JSON file", *, hint: str = "check the path in your config",
-              errors: str = "strict") -> Any:
+              errors: str = "strict", object_hook: Callable[[dict], Any] | None = None) -> Any:
     """Load a JSON file; a missing, unreadable, non-UTF-8 or malformed file raises a DataError naming it.
 
     hint: the fix suggested for a missing file.  A leading byte-order mark is ignored.
     ``errors="surrogateescape"`` keeps bytes that are not UTF-8 as lone surrogates, so that a
     reader can report (and skip) the record holding them instead of failing the whole file.
+    ``object_hook`` (as ``json.loads``'s) replaces each object as soon as it is parsed.
     """
     path = Path(path)
     if not path.is_file():
@@ -113,7 +114,7 @@ def read_json(path: str | Path, what: str = "JSON file", *, hint: str = "check t
     except UnicodeDecodeError as e:
         raise DataError(f"{what} {path} is not UTF-8 text: {e}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_hook=object_hook)
     except json.JSONDecodeError as e:
         raise DataError(f"{what} {path} is malformed JSON at line {e.lineno} col {e.colno}: {e.msg}") from None
 
