@@ -122,6 +122,21 @@ def test_the_memory_probe_reads_what_it_says(run) -> None:
     assert rank["samples"] == ITEMS * 5 // 2  # its half of the training captions
 
 
+@pytest.mark.slow
+def test_memory_and_ddp_stages_in_new_processes(run) -> None:
+    _, root = run
+    argv = _args(root).replace("--skip decoder,memory,ddp,extract",
+                               "--skip build,disk,annotations,decoder,loader,evaluate,extract")
+    records: dict[str, dict] = {r["name"]: r for r in run_bench("scale", argv + " --memory-batches 2 --ddp-batches 2")}
+    for name in ("peak_rss_main", "pss_total", "uss_workers", "store_mapped"):
+        r = records[f"scale/memory/{name}"]
+        assert r["items_small"] == min(TOTAL, synthetic.SHARD_SIZE) and r["samples_small"] == r["samples_full"] == 2 * BATCH
+    assert records["scale/memory/store_mapped"]["value"] == 0.0
+    ddp = records["scale/ddp_pss"]
+    assert ddp["world"] == 2 and [r["feature_mb"] for r in ddp["ranks"]] == [round(2 * BATCH * ITEM_BYTES / 2**20, 1)] * 2
+    assert ddp["store_rss_sum"] == 0.0 and ddp["value"] == pytest.approx(sum(r["pss"] for r in ddp["ranks"]), abs=0.2)
+
+
 def test_mapped_counts_the_touched_pages_of_files_under_a_folder(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     data = tmp_path / "d" / "x.bin"

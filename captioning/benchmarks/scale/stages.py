@@ -363,11 +363,10 @@ class Scale:
             results = [json.loads(p.stdout.readline()) for p in procs]
             mems = [memory.rollup(p.pid) | memory.status(p.pid) | memory.mapped(p.pid, self.store) for p in procs]
         finally:
-            for p in procs:
-                with_stdin = p.stdin
-                if with_stdin:
-                    with_stdin.write("\n")
-                    with_stdin.close()
+            for p in procs:  # let them go
+                if p.stdin:
+                    p.stdin.write("\n")
+                    p.stdin.close()
                 p.wait(timeout=120)
         rss, pss = sum(m["Rss"] for m in mems), sum(m["Pss"] for m in mems)
         ranks = [{"rss": m["Rss"], "pss": m["Pss"], "uss": m["Uss"], "rss_anon": m["RssAnon"],
