@@ -72,6 +72,6 @@ def test_multirun_sweep_with_the_local_launcher(tiny_images, tmp_path):
     run_cli("train", "-m", *data_overrides(tiny_images["root"], tiny_images["features_dir"]), "debug=fast",
             "model=soft_attention,mean_pool", "seed=0,1", "callbacks.progress=null",
             f"hydra.sweep.dir={sweep}")
-    runs = sorted(p.parent.name for p in sweep.glob("*/train_summary.json"))
+    runs = sorted(p.parent.name.rsplit("-", 1)[0] for p in sweep.glob("*/train_summary.json"))  # <run>-<fingerprint>
     assert runs == ["tiny-mean_pool-additive-s0", "tiny-mean_pool-additive-s1",
                     "tiny-soft_attention-additive-s0", "tiny-soft_attention-additive-s1"]

@@ -217,7 +217,8 @@ def _first(p: Path, backend: str, verb: str, call: Callable[[str], Any]) -> Any:
                 raise DataError(f"cannot {verb} video {p} with {b} ({_short(e)}); try backend=pyav") from e
             if last:
                 also = "".join(f"; {f}" for f in failed)
-                raise DataError(f"cannot {verb} video {p} ({_short(e)}{also}): not a readable video file") from e
+                # the verdict first: a backend's message (torchcodec's names C++ sources) can be long
+                raise DataError(f"not a readable video file: cannot {verb} video {p} ({_short(e)}{also})") from e
             failed.append(f"{b}: {_short(e)}")
             log.debug("%s cannot %s %s (%s); trying the next backend", b, verb, p, _short(e))
     raise AssertionError("unreachable: PyAV is always the last backend")  # pragma: no cover
