@@ -162,6 +162,15 @@ def test_the_report_is_generated_from_records(tmp_path):
     assert verdicts["event_order_224"] == "CONFIRMED" and verdicts["pointing_14x14"] == "-"
 
 
+def test_the_development_report_has_no_verdict_column(tmp_path):
+    recs = [{"variant": "temporal_residual_224", "data": "moving_shapes", "data_seed": 0,
+             "metrics": {"event_order_accuracy": 0.942}}]
+    text = write_report(CATALOGUE, load_protocol("development"), recs, tmp_path).read_text()
+    assert "| claim | tested quantity | development: value (data seeds) |" in text and "verdict |" not in text
+    row = next(line for line in text.splitlines() if "names the events in order" in line)
+    assert row.endswith("| 0.942 (n=1) |")
+
+
 @pytest.mark.slow
 def test_a_tiny_protocol_runs_through_the_clis(tmp_path):
     """Two image variants on one fresh data seed: data, store, training, test, record, report."""

@@ -114,18 +114,26 @@ def _fmt(i: Interval | None, values: Mapping[int, float]) -> str:
 
 def claims_table(catalogue: Catalogue, protocol: Protocol, records: Sequence[Mapping[str, Any]],
                  development: Sequence[Mapping[str, Any]] | None = None) -> tuple[list[str], list[dict]]:
-    """Markdown lines and plain rows: each claim's quantity, interval and verdict (+ development)."""
+    """Markdown lines and plain rows: each claim's quantity, interval and verdict (+ development).
+
+    ``development=None``: this *is* the development protocol, where settings were chosen: its
+    values are shown without a verdict column."""
     conf = float(protocol.verdict.get("confidence", 0.95))
-    lines = [f"| claim | tested quantity | {protocol.name}: mean [{conf:.0%} interval] | verdict | development |",
-             "|---|---|---|---|---|"]
+    if development is None:
+        lines = [f"| claim | tested quantity | {protocol.name}: value (data seeds) |", "|---|---|---|"]
+    else:
+        lines = [f"| claim | tested quantity | {protocol.name}: mean [{conf:.0%} interval] | verdict | development |",
+                 "|---|---|---|---|---|"]
     rows = []
     for c in sorted(catalogue.claims, key=lambda c: not c.headline):
         values = claim_values(c, records, protocol.seeds_for(c))
         interval = t_interval(list(values.values()), conf)
         dev = claim_values(c, development or [], sorted({int(r["data_seed"]) for r in development or []}))
         v = verdict(c, interval)
-        lines.append(f"| {'**' * c.headline}{c.text}{'**' * c.headline} | {_quantity(c)} | {_fmt(interval, values)} | "
-                     f"{v} | {' / '.join(f'{x:.3f}' for x in dev.values()) or '-'} |")
+        cells = [f"{'**' * c.headline}{c.text}{'**' * c.headline}", _quantity(c), _fmt(interval, values)]
+        if development is not None:
+            cells += [v, " / ".join(f"{x:.3f}" for x in dev.values()) or "-"]
+        lines.append("| " + " | ".join(cells) + " |")
         rows.append({"id": c.id, "headline": c.headline, "verdict": v, "values": values, "development": dev,
                      **({"interval": vars(interval)} if interval else {})})
     return lines, rows
