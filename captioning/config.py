@@ -63,6 +63,8 @@ class DataConfig:
     on_error: str = "skip"  # bad annotation records: skip (warn + count) | raise
     min_count: int = 1  # vocabulary: words seen fewer times in train become <unk>
     max_length: int = 20  # max caption tokens (without <bos>/<eos>)
+    # folder of the caption tables (captioning.data.caption_table); null: <root>/caption_tables
+    caption_cache: str | None = None
     batch_size: int = 64
     num_workers: int = 2
 

@@ -131,7 +131,7 @@ def test_train_samples_are_flat_arrays(store: Path) -> None:
     assert ds.item.tolist() == [0, 1, 1, 2, 2, 2]
     assert vocab.decode(ds.caption(1)[1:]) == ["a", "blue", "square"]
     assert ds.caption(2).tolist() == [vocab.bos, vocab.stoi["red"], vocab.eos]
-    assert ds.offsets[-1] == ds.tokens.size and ds.tokens.dtype == np.int32
+    assert ds.caption_index.tolist() == [0, 1, 2, 3, 4, 5] and ds.caption(0).dtype == np.int32
     assert pad_tokens([[1, 2], np.array([3], dtype=np.int32)], pad=0).tolist() == [[1, 2], [3, 0]]
 
 

@@ -14,16 +14,18 @@ results gives the same batch.
 from __future__ import annotations
 
 import logging
-from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from captioning.data.annotations import SPLITS
+from captioning.data.caption_table import CaptionTable, References
 from captioning.data.records import CaptionRecord
-from captioning.data.tokenizer import tokenize
 from captioning.data.vocab import Vocabulary
 from captioning.errors import DataError
 from captioning.store.feature_store import FeatureStore
@@ -61,27 +63,39 @@ class Batch:
 
 
 class FeatureItems:
-    """The items of one split that have features: ids, references and store access.
+    """The items of one split that have features: ids, captions, references and store access.
 
-    ``references[i]`` holds the toolkit-tokenized reference captions of item i (space-joined),
-    which is what the metrics compare against.  ``ids`` holds the store keys as one numpy array:
-    a DataLoader worker reading them writes no reference counts into the records' pages, so it
-    does not copy them (copy-on-write) over an epoch.
+    Item i is row ``rows[i]`` of a ``CaptionTable`` (the rows of ``split`` whose id is in the
+    store; a list of records is made a table in memory first).  ``ids`` [n] holds the store keys,
+    ``first_caption`` / ``n_captions`` [n] int64 where item i's captions are in the table: numpy
+    arrays, so a DataLoader worker reading them writes no reference counts and copies no page
+    (copy-on-write) over an epoch.  ``references[i]``: item i's toolkit-tokenized references
+    (space-joined, what the metrics compare against), decoded from the table when read;
+    ``records``: the items as ``CaptionRecord``s, made from the table when first read.
     """
 
-    def __init__(self, records: list[CaptionRecord], store: FeatureStore) -> None:
-        present = [r for r in records if r.item_id in store]
-        self.missing = len(records) - len(present)
+    def __init__(self, source: CaptionTable | Sequence[CaptionRecord], store: FeatureStore,
+                 split: str | None = None) -> None:
+        table = source if isinstance(source, CaptionTable) else CaptionTable.from_records(source)
+        rows = table.rows(split)
+        self.rows = np.array([r for r in rows.tolist() if table.item_ids[r] in store], dtype=np.int64)  # [n]
+        self.missing = len(rows) - len(self.rows)
         if self.missing:
             log.warning("%d of %d items have no features in %s (failed or not extracted); they are skipped",
-                        self.missing, len(records), store.root)
-        self.records = present
-        self.ids = np.array([r.item_id for r in present], dtype=str)
+                        self.missing, len(rows), store.root)
+        self.table = table
+        self.ids = np.array([table.item_ids[r] for r in self.rows.tolist()], dtype=str)  # [n]
+        self.first_caption = table.item_offsets[self.rows]  # [n]
+        self.n_captions = table.item_offsets[self.rows + 1] - self.first_caption  # [n]
+        self.references = References(table, self.rows)
         self.store = store
-        self.references = [[" ".join(tokenize(c)) for c in r.captions] for r in present]
+
+    @cached_property
+    def records(self) -> list[CaptionRecord]:
+        return [self.table.record(r) for r in self.rows.tolist()]
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.rows)
 
     def features(self, i: int) -> tuple[np.ndarray, int]:
         """Item i's [N, C] features (a new array, read by one ``pread``) and its valid count."""
@@ -121,32 +135,28 @@ def pad_tokens(seqs: list[list[int]] | list[np.ndarray] | list[torch.Tensor], pa
 class CaptionTrainDataset(Dataset):
     """One sample per (item, reference caption).
 
-    Sample k is item ``item[k]`` with caption ``tokens[offsets[k]:offsets[k + 1]]`` (``<bos> ..
-    <eos>``): three flat arrays rather than a list of lists, 4x smaller and never copied into the
-    workers (reading a Python list writes reference counts, which copies its pages, one by one
-    over an epoch, into every worker).
+    Sample k is item ``item[k]`` with the table's caption ``caption_index[k]``, encoded when read
+    (``CaptionTable.encode``): two flat [S] arrays over the memory-mapped table, never copied into
+    the workers (reading a Python list writes reference counts, which copies its pages, one by
+    one over an epoch, into every worker).
     """
 
     def __init__(self, items: FeatureItems, vocab: Vocabulary, max_length: int) -> None:
         self.items = items
         self.pad = vocab.pad
-        item, lengths, tokens = array("q"), array("q"), array("i")  # machine ints as they come, not objects
-        for i, refs in enumerate(items.references):
-            for ref in refs:
-                seq = [vocab.bos, *vocab.encode(ref.split(), max_length), vocab.eos]
-                item.append(i)
-                lengths.append(len(seq))
-                tokens.extend(seq)
-        self.item = np.frombuffer(item, dtype=np.int64)  # [S]
-        self.offsets = np.concatenate([[0], np.cumsum(np.frombuffer(lengths, dtype=np.int64))])  # [S + 1]
-        self.tokens = np.frombuffer(tokens, dtype=np.int32)  # [sum of lengths]
+        self.max_length = max_length
+        self.encoder = items.table.encoder(vocab)  # [L]
+        counts = items.n_captions
+        self.item = np.repeat(np.arange(len(items), dtype=np.int64), counts)  # [S]
+        starts = np.repeat(np.cumsum(counts) - counts - items.first_caption, counts)
+        self.caption_index = np.arange(len(self.item), dtype=np.int64) - starts  # [S]
 
     def __len__(self) -> int:
         return len(self.item)
 
     def caption(self, k: int) -> np.ndarray:
-        """Sample k's token ids (``<bos> w_1..w_T <eos>``)."""
-        return self.tokens[self.offsets[k]: self.offsets[k + 1]]
+        """Sample k's token ids ([T+2] int32, ``<bos> w_1..w_T <eos>``)."""
+        return self.items.table.encode(int(self.caption_index[k]), self.encoder, self.max_length)
 
     def __getitem__(self, k: int):
         i = int(self.item[k])
@@ -165,8 +175,8 @@ class CaptionItemDataset(Dataset):
     def __init__(self, items: FeatureItems, vocab: Vocabulary, max_length: int) -> None:
         self.items = items
         self.pad = vocab.pad
-        self.tokens = [[[vocab.bos] + vocab.encode(ref.split(), max_length) + [vocab.eos] for ref in refs]
-                       for refs in items.references]
+        self.max_length = max_length
+        self.encoder = items.table.encoder(vocab)  # [L]
 
     def __len__(self) -> int:
         return len(self.items)
@@ -179,8 +189,9 @@ class CaptionItemDataset(Dataset):
         return read_batch(self.items, rows, [self._draw(i) for i in rows], self.pad)
 
     def _draw(self, i: int) -> list[int]:
-        refs = self.tokens[i]
-        return refs[int(torch.randint(len(refs), ()))] if len(refs) > 1 else refs[0]
+        n = int(self.items.n_captions[i])
+        k = int(self.items.first_caption[i]) + (int(torch.randint(n, ())) if n > 1 else 0)
+        return self.items.table.encode(k, self.encoder, self.max_length).tolist()
 
 
 class CaptionEvalDataset(Dataset):
@@ -223,11 +234,12 @@ def collate(samples, pad: int = 0) -> Batch:
 
 
 class CaptionDataModule(pl.LightningDataModule):
-    """Train/val/test loaders over a FeatureStore.  Splits are lists of CaptionRecord."""
+    """Train/val/test loaders over a FeatureStore.  ``splits``: a ``CaptionTable`` (its train, val
+    and test rows), or each split's list of CaptionRecord."""
 
     def __init__(
         self,
-        splits: dict[str, list[CaptionRecord]],
+        splits: CaptionTable | dict[str, list[CaptionRecord]],
         store: FeatureStore,
         vocab: Vocabulary,
         *,
@@ -245,7 +257,8 @@ class CaptionDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
-        self.items = {name: FeatureItems(recs, store) for name, recs in splits.items()}
+        self.items = ({name: FeatureItems(splits, store, name) for name in SPLITS} if isinstance(splits, CaptionTable)
+                      else {name: FeatureItems(recs, store) for name, recs in splits.items()})
         for name, items in self.items.items():
             if len(items) == 0 and name in ("train", "val"):
 

@@ -7,7 +7,7 @@ training count (ties alphabetical), so a vocabulary built twice from the same da
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +49,18 @@ class Vocabulary:
         max_size: at most this many entries in all, the 4 specials included (the most frequent
         words are kept).  Special strings met as words are not added twice.
         """
-        if not isinstance(min_count, int) or isinstance(min_count, bool) or min_count < 1:
-            raise ConfigError(f"data.min_count={min_count!r} is not valid: use an integer >= 1")
-        if max_size is not None and max_size < len(SPECIALS):
-            raise ConfigError(f"vocabulary max_size={max_size} is too small: it must be >= {len(SPECIALS)}")
+        _check_sizes(min_count, max_size)
         counts: Counter[str] = Counter()
         for tokens in token_lists:
             if isinstance(tokens, str):
                 raise TypeError("Vocabulary.build takes lists of tokens, not strings: tokenize the captions first")
             counts.update(tokens)
+        return cls.from_counts(counts, min_count, max_size)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[str, int], min_count: int = 1, max_size: int | None = None) -> Vocabulary:
+        """``build`` from each word's training count (``counts``: word -> times seen)."""
+        _check_sizes(min_count, max_size)
         words = [w for w, c in counts.items() if c >= min_count and w not in SPECIALS and w and not w.isspace()]
         words.sort(key=lambda w: (-counts[w], w))
         if max_size is not None:
@@ -134,6 +137,13 @@ class Vocabulary:
     def load(cls, path: str | Path) -> Vocabulary:
         """Read a ``save``d vocabulary; a missing or invalid file raises DataError naming it."""
         return cls._from_dict(read_json(path, "vocabulary file"), f"vocabulary file {path}", DataError)
+
+
+def _check_sizes(min_count: Any, max_size: int | None) -> None:
+    if not isinstance(min_count, int) or isinstance(min_count, bool) or min_count < 1:
+        raise ConfigError(f"data.min_count={min_count!r} is not valid: use an integer >= 1")
+    if max_size is not None and max_size < len(SPECIALS):
+        raise ConfigError(f"vocabulary max_size={max_size} is too small: it must be >= {len(SPECIALS)}")
 
 
 def _itos_problem(itos: list[Any]) -> str | None:

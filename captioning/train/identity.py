@@ -42,6 +42,7 @@ CONTINUATION_KEYS: dict[str, str] = {
     "data.root": "where the dataset lives (its content: vocabulary and store checks)",
     "data.media_dir": "where the media live",
     "data.annotations": "where the annotation files live (their content: the vocabulary check)",
+    "data.caption_cache": "where the caption tables are cached (each one named by its inputs' hash)",
     "features_dir": "where the FeatureStore lives (its content: the store settings check)",
 }
 

@@ -23,9 +23,8 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 
 from captioning.config import DataConfig, TrainerConfig
-from captioning.data.annotations import read_dataset
+from captioning.data.caption_table import CaptionTable, caption_table
 from captioning.data.datamodule import CaptionDataModule
-from captioning.data.vocab import build_vocabulary
 from captioning.errors import CaptioningError, CheckpointError, ConfigError, DataError
 from captioning.models.decoders import decoder_config
 from captioning.models.search import DecodeConfig
@@ -180,14 +179,14 @@ def train(cfg: TrainConfig) -> dict:
     resume_from = str(ckpt) if resume_decision(cfg.resume, ckpt, config) else None
     with run_record(out, cfg):
         pl.seed_everything(cfg.seed, workers=True)
-        splits, store = read_data(cfg)
-        vocab = build_vocabulary(splits["train"], min_count=cfg.data.min_count)
+        table, store = read_data(cfg)
+        vocab = table.vocabulary(min_count=cfg.data.min_count)
         meta = dict(store.meta)  # what the model is trained on (fine-tuning: the encoder's output)
         if stage == "finetune":  # end to end from raw images (captioning.train.finetune)
-            dm, meta = finetune_data(cfg, splits, store, vocab)
+            dm, meta = finetune_data(cfg, table, store, vocab)
         else:
             dm = CaptionDataModule(
-                splits, store, vocab, max_length=cfg.data.max_length, batch_size=cfg.data.batch_size,
+                table, store, vocab, max_length=cfg.data.max_length, batch_size=cfg.data.batch_size,
                 eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=stage == "scst",
             )
         if rank_zero_only.rank == 0:  # temp files of checkpoint writes a killed run left behind
@@ -231,10 +230,9 @@ def check_resumable(resume_from: str | None, vocab: dict, meta: dict) -> int | N
     return step
 
 
-def read_data(cfg: TrainConfig) -> tuple[dict, Any]:
-    """The dataset's splits and its FeatureStore (or streams), checked against each other."""
-    dataset = read_dataset(cfg.data)
-    splits = {s: dataset.split(s) for s in ("train", "val", "test")}
+def read_data(cfg: TrainConfig) -> tuple[CaptionTable, Any]:
+    """The dataset's caption table and its FeatureStore (or streams), checked against each other."""
+    table = caption_table(cfg.data)
     dirs = [cfg.features_dir] if isinstance(cfg.features_dir, str) else cfg.features_dir
     if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) for d in dirs):
         raise ConfigError(f"features_dir={cfg.features_dir!r}: give a feature store folder or a list of them "
@@ -252,7 +250,7 @@ def read_data(cfg: TrainConfig) -> tuple[dict, Any]:
             f"features in {store.root} are '{store.meta.get('kind')}' features but data={cfg.data.name} "
             f"is a '{cfg.data.kind}' dataset: point features_dir at this dataset's features"
         )
-    return splits, store
+    return table, store
 
 
 def build_trainer(cfg: TrainConfig, out: Path, resume_step: int | None) -> pl.Trainer:
@@ -280,7 +278,7 @@ def write_summary(trainer: pl.Trainer, out: Path, ckpt: Path, vocab: Any, dm: An
         "epochs": int(trainer.current_epoch),
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
         "vocab_size": len(vocab),
-        "train_samples": sum(len(r) for r in dm.items["train"].references),
+        "train_samples": int(dm.items["train"].n_captions.sum()),
         "provenance": run["provenance"],
         **({"parent": run["parent"]} if "parent" in run else {}),
     }

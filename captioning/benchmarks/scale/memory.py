@@ -7,8 +7,8 @@ process alone holds.  DataLoader workers are forked: their RSS starts as a copy 
 page table and says nothing; their USS is what they copied (copy-on-write) or allocated.
 
 ``python -m captioning.benchmarks.scale.memory --store S --annotations A ...`` is the probe the
-benchmark starts in a fresh process: the real input path (annotations -> vocabulary ->
-``CaptionDataModule`` -> training ``DataLoader``) for ``--batches`` batches, then one JSON line
+benchmark starts in a fresh process: the real input path (caption table, built in a child process
+when the annotations are new -> vocabulary -> ``CaptionDataModule`` -> training ``DataLoader``) for ``--batches`` batches, then one JSON line
 with the main process's peak RSS and every process's PSS/USS.  With ``--world 2 --rank r`` it
 reads rank r's share of the samples (``DistributedSampler``, as Lightning does under DDP) and,
 with ``--hold``, waits for a line on stdin after printing, so that the parent can read the PSS of
@@ -29,9 +29,8 @@ import psutil
 from torch.utils.data import DataLoader, DistributedSampler
 
 from captioning.benchmarks.scale.synthetic import data_config
-from captioning.data.annotations import read_dataset
+from captioning.data.caption_table import caption_table, table_path
 from captioning.data.datamodule import CaptionDataModule, CaptionTrainDataset, collate
-from captioning.data.vocab import build_vocabulary
 from captioning.store.feature_store import FeatureStore
 
 MB = 2**20
@@ -95,12 +94,13 @@ def _loader(args: argparse.Namespace) -> tuple[DataLoader, dict[str, float]]:
     clock = {}
     t = time.perf_counter()
     cfg = data_config(Path(args.annotations))
-    data = read_dataset(cfg)
+    built = not table_path(cfg).is_file()
+    table = caption_table(cfg)  # built first (in a child process) when its inputs are new
     clock["annotations_s"] = time.perf_counter() - t
-    splits = {s: data.split(s) for s in ("train", "val", "test")}
-    vocab = build_vocabulary(splits["train"], min_count=cfg.min_count)
+    clock["table_built"] = built
+    vocab = table.vocabulary(min_count=cfg.min_count)
     store = FeatureStore.open(args.store)
-    dm = CaptionDataModule(splits, store, vocab, batch_size=args.batch_size, num_workers=args.workers)
+    dm = CaptionDataModule(table, store, vocab, batch_size=args.batch_size, num_workers=args.workers)
     clock["setup_s"] = time.perf_counter() - t
     if args.world == 1:
         return dm.train_dataloader(), clock
@@ -128,7 +128,7 @@ def probe(args: argparse.Namespace) -> tuple[dict[str, Any], DataLoader]:
     main = status(psutil.Process().pid)
     del it
     return {"samples": samples, "feature_bytes": nbytes, "rss_before_loop_mb": rss_before, "main": main, **mem,
-            **{k: round(v, 2) for k, v in clock.items()}}, loader
+            **{k: round(v, 2) if isinstance(v, float) else v for k, v in clock.items()}}, loader
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,9 +24,8 @@ from omegaconf import OmegaConf
 from captioning.benchmarks import train as train_bench
 from captioning.benchmarks.scale import disk, loading, memory, synthetic
 from captioning.config import CONF_DIR, TrainerConfig
-from captioning.data.annotations import read_dataset
+from captioning.data.caption_table import build_table, caption_table, table_path
 from captioning.data.datamodule import CaptionDataModule, CaptionTrainDataset
-from captioning.data.vocab import build_vocabulary
 from captioning.errors import ConfigError
 from captioning.evaluation.job import EvaluateConfig, evaluate
 from captioning.models.search import DecodeConfig
@@ -194,20 +193,22 @@ class Scale:
         clock = {} if clock is None else clock
         cfg = synthetic.data_config(self.annotations_path)
         t = time.perf_counter()
-        dataset = read_dataset(cfg)
+        build_table(cfg, table_path(cfg))  # timed here, in this process (training builds it in a child)
         clock["read"] = time.perf_counter() - t
-        splits = {s: dataset.split(s) for s in ("train", "val", "test")}
         t = time.perf_counter()
-        vocab = build_vocabulary(splits["train"], min_count=cfg.min_count)
+        table = caption_table(cfg)
+        clock["table_open"] = time.perf_counter() - t
+        t = time.perf_counter()
+        vocab = table.vocabulary(min_count=cfg.min_count)
         clock["vocabulary"] = time.perf_counter() - t
         t = time.perf_counter()
-        dm = CaptionDataModule(splits, FeatureStore.open(self.store), vocab, batch_size=self.args.batch_size,
+        dm = CaptionDataModule(table, FeatureStore.open(self.store), vocab, batch_size=self.args.batch_size,
                                num_workers=0)
         clock["datamodule"] = time.perf_counter() - t
         t = time.perf_counter()
         train = CaptionTrainDataset(dm.items["train"], vocab, dm.max_length)
         clock["train_dataset"] = time.perf_counter() - t
-        return {"splits": splits, "vocab": vocab, "dm": dm, "train": train, "cfg": cfg}
+        return {"table": table, "vocab": vocab, "dm": dm, "train": train, "cfg": cfg}
 
     @property
     def data(self) -> dict[str, Any]:
@@ -219,11 +220,14 @@ class Scale:
         """Split file -> records -> vocabulary -> data module (references tokenized) -> train samples."""
         clock: dict[str, float] = {}
         self._data = self._load_data(clock)
-        captions = sum(len(r.captions) for s in self._data["splits"].values() for r in s)
+        captions = len(self._data["table"].caption_offsets) - 1
         train_captions = len(self._data["train"])
-        notes = {"read": "read_dataset: json + records", "vocabulary": "build_vocabulary (tokenize train captions)",
-                 "datamodule": "CaptionDataModule: FeatureStore.open + references tokenized",
-                 "train_dataset": "CaptionTrainDataset: every train caption encoded"}
+        notes = {"read": "build_table: read_dataset (json + records), every caption tokenized, the table written "
+                         "(once per annotation file)",
+                 "table_open": "caption_table: the inputs hashed, the table's checksum verified, mapped",
+                 "vocabulary": "CaptionTable.vocabulary (from the table's train counts)",
+                 "datamodule": "CaptionDataModule: FeatureStore.open + each split's rows",
+                 "train_dataset": "CaptionTrainDataset: each sample's item and caption index"}
         for step, seconds in clock.items():
             yield self.record(f"annotations/{step}", "s", round(seconds, 2), captions=captions,
                               train_captions=train_captions, vocabulary=len(self._data["vocab"]), note=notes[step])
