@@ -153,8 +153,11 @@ def load_captioner(path: str | Path, map_location: str | torch.device = "cpu"):
         model = captioner_class(config)(config=config, vocab=hp["vocab"], feature_meta=hp["feature_meta"])
         model.load_state_dict(ckpt["state_dict"])
     except (TypeError, KeyError, RuntimeError, ConfigError) as e:
+        written = ((ckpt.get("run") or {}).get("provenance") or {}).get("git_commit") or "an older version"
         raise CheckpointError(f"checkpoint {path} does not match this code's model: "
-                              f"{str(e).splitlines()[0][:300]}") from None
+                              f"{str(e).splitlines()[0][:300]}; to convert it, rename the key in its "
+                              f"hyper_parameters['config'] to this code's (docs/configuration.md) or load it "
+                              f"with the code that wrote it ({written})") from None
     model.eval()
     return model
 
