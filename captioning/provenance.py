@@ -10,7 +10,6 @@ the torch / Lightning / Python versions, the feature store's identity (``store_i
 from __future__ import annotations
 
 import functools
-import hashlib
 import platform
 import subprocess
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytorch_lightning as pl
 import torch
 
 import captioning
-from captioning.utils.io import atomic_write_json
+from captioning.utils.io import atomic_write_json, file_sha256
 
 
 @functools.lru_cache(maxsize=1)
@@ -57,15 +56,6 @@ def provenance(*, store: str | None = None, run: str | None = None, **extra: Any
         rec["run"] = run
     rec.update(extra)
     return rec
-
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes (what a provenance record says it covers)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_provenance(out: str | Path, record: dict[str, Any], files: tuple[str, ...]) -> None:

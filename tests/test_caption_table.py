@@ -178,3 +178,17 @@ def test_the_build_in_a_child_process(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps({"no images": []}))
     with pytest.raises(DataError, match="has no 'images' list"):  # the child's error, as it is
         caption_table(_cfg(tmp_path, tmp_path / "bad.json"), isolate=True)
+
+
+def test_sha256_of_files_and_of_the_rest_of_an_open_file(tmp_path) -> None:
+    """FIPS 180-2's example: sha256("abc"); what a table's checksum and a provenance record use."""
+    from captioning.utils.io import file_sha256, stream_sha256
+
+    abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    path = tmp_path / "f"
+    path.write_bytes(b"xxabc")
+    with open(path, "rb") as f:
+        f.seek(2)
+        assert stream_sha256(f) == abc
+    path.write_bytes(b"abc")
+    assert file_sha256(path) == abc

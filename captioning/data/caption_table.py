@@ -55,7 +55,7 @@ from captioning.data.records import CaptionRecord
 from captioning.data.tokenizer import tokenize
 from captioning.data.vocab import BOS, EOS, SPECIALS, UNK, Vocabulary
 from captioning.errors import DataError
-from captioning.utils.io import atomic_write
+from captioning.utils.io import atomic_write, stream_sha256
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ def open_table(path: str | Path) -> CaptionTable:
             if os.fstat(f.fileno()).st_size != start + header["bytes"]:
                 raise corrupt(f"{os.fstat(f.fileno()).st_size} bytes, the header says {start + header['bytes']}")
             f.seek(start)
-            if hashlib.file_digest(f, "sha256").hexdigest() != header["sha256"]:
+            if stream_sha256(f) != header["sha256"]:
                 raise corrupt("checksum mismatch")
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             arrays = {name: np.frombuffer(mapped, dtype=np.dtype(a["dtype"]), count=int(np.prod(a["shape"])),
@@ -304,7 +304,7 @@ def inputs_hash(cfg: DataConfig) -> str:
             h.update(f"\0{key}\0".encode())
             try:
                 with open(cfg.annotations[key], "rb") as f:
-                    h.update(hashlib.file_digest(f, "sha256").digest())
+                    h.update(stream_sha256(f).encode())
             except OSError:
                 h.update(b"unreadable")  # the reader reports it
     if cfg.kind == "video":

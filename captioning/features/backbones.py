@@ -37,7 +37,6 @@ output of that transformer block, before the final norm).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from torch import nn
 from captioning.data.video import BACKENDS as VIDEO_BACKENDS
 from captioning.errors import CheckpointError, ConfigError
 from captioning.registry import Registry
+from captioning.utils.io import file_sha256 as sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +114,8 @@ def validate_encoder_config(cfg: EncoderConfig, clip: bool = False) -> None:
 
 
 def file_sha256(path: str | Path, prefix: int = 12) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:prefix]
+    """The first ``prefix`` hex digits of a weights file's sha256 (how a store names its weights)."""
+    return sha256_hex(path)[:prefix]
 
 
 def packaged_lite0_path() -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -10,7 +11,7 @@ import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from captioning.errors import DataError
 
@@ -129,3 +130,17 @@ def safe_join(root: str | Path, relative: str, source: str = "annotation") -> Pa
     if ".." in rel.parts:
         raise DataError(f"{source}: path {relative!r} escapes the data root {root}; '..' is refused")
     return Path(root) / rel
+
+
+def stream_sha256(f: IO[bytes]) -> str:
+    """sha256 (hex) of the rest of an open binary file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 (hex) of a file's bytes."""
+    with open(path, "rb") as f:
+        return stream_sha256(f)
