@@ -53,7 +53,7 @@ from captioning.data.annotations import FORMATS, SPLITS, read_dataset
 from captioning.data.media import video_files_by_id
 from captioning.data.records import CaptionRecord
 from captioning.data.tokenizer import tokenize
-from captioning.data.vocab import BOS, EOS, SPECIALS, UNK, Vocabulary
+from captioning.data.vocab import BOS, EOS, SPECIALS, UNK, Vocabulary, no_training_captions
 from captioning.errors import DataError
 from captioning.utils.io import atomic_write, stream_sha256
 
@@ -200,9 +200,8 @@ class CaptionTable:
     def vocabulary(self, min_count: int = 1, max_size: int | None = None) -> Vocabulary:
         """The vocabulary of the train captions (``vocab.build_vocabulary`` of the same records)."""
         train = self.rows("train")
-        if not sum(int(self.item_offsets[i + 1] - self.item_offsets[i]) for i in train):
-            raise DataError("no training captions to build the vocabulary from: the train split is empty "
-                            "(check data.annotations and the split names)")
+        if not (self.item_offsets[train + 1] - self.item_offsets[train]).any():
+            raise no_training_captions()
         counts = {w: int(c) for w, c in zip(self.words, self.train_counts.tolist(), strict=True) if c}
         return Vocabulary.from_counts(counts, min_count=min_count, max_size=max_size)
 

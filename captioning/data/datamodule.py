@@ -78,13 +78,14 @@ class FeatureItems:
                  split: str | None = None) -> None:
         table = source if isinstance(source, CaptionTable) else CaptionTable.from_records(source)
         rows = table.rows(split)
-        self.rows = np.array([r for r in rows.tolist() if table.item_ids[r] in store], dtype=np.int64)  # [n]
+        present = [(r, key) for r in rows.tolist() if (key := table.item_ids[r]) in store]
+        self.rows = np.array([r for r, _ in present], dtype=np.int64)  # [n]
         self.missing = len(rows) - len(self.rows)
         if self.missing:
             log.warning("%d of %d items have no features in %s (failed or not extracted); they are skipped",
                         self.missing, len(rows), store.root)
         self.table = table
-        self.ids = np.array([table.item_ids[r] for r in self.rows.tolist()], dtype=str)  # [n]
+        self.ids = np.array([key for _, key in present], dtype=str)  # [n]
         self.first_caption = table.item_offsets[self.rows]  # [n]
         self.n_captions = table.item_offsets[self.rows + 1] - self.first_caption  # [n]
         self.references = References(table, self.rows)

@@ -139,6 +139,12 @@ class Vocabulary:
         return cls._from_dict(read_json(path, "vocabulary file"), f"vocabulary file {path}", DataError)
 
 
+def no_training_captions() -> DataError:
+    """The error of a vocabulary asked of an empty train split."""
+    return DataError("no training captions to build the vocabulary from: the train split is empty "
+                     "(check data.annotations and the split names)")
+
+
 def _check_sizes(min_count: Any, max_size: int | None) -> None:
     if not isinstance(min_count, int) or isinstance(min_count, bool) or min_count < 1:
         raise ConfigError(f"data.min_count={min_count!r} is not valid: use an integer >= 1")
@@ -178,6 +184,5 @@ def build_vocabulary(records: Iterable[CaptionRecord], min_count: int = 1, max_s
 
     vocab = Vocabulary.build(token_lists(), min_count=min_count, max_size=max_size)
     if not seen:
-        raise DataError("no training captions to build the vocabulary from: the train split is empty "
-                        "(check data.annotations and the split names)")
+        raise no_training_captions()
     return vocab
