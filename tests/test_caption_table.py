@@ -192,3 +192,11 @@ def test_sha256_of_files_and_of_the_rest_of_an_open_file(tmp_path) -> None:
         assert stream_sha256(f) == abc
     path.write_bytes(b"abc")
     assert file_sha256(path) == abc
+
+
+def test_a_table_without_train_captions_has_no_vocabulary() -> None:
+    """The same one-line error as ``build_vocabulary`` of the same records."""
+    table = CaptionTable.from_records(RECORDS[1:])  # val and test only
+    with pytest.raises(DataError, match="no training captions to build the vocabulary from: the train split is empty"):
+        table.vocabulary()
+    assert CaptionTable.from_records(RECORDS).vocabulary().stoi["dog"] >= 4
