@@ -172,6 +172,17 @@ def test_the_development_report_has_no_verdict_column(tmp_path):
     assert "| claim | tested quantity | development: value (data seeds) |" in text and "verdict |" not in text
     row = next(line for line in text.splitlines() if "names the events in order" in line)
     assert row.endswith("| 0.942 (n=1) |")
+    assert "by_length.png" not in text  # no shapes run with scores by length: no figure
+
+
+def test_the_report_draws_bleu_and_cider_by_length_of_each_shapes_variant(tmp_path):
+    bins = [{"bin": "short", "count": 4, "Bleu_4": 0.9, "CIDEr": 8.0},
+            {"bin": "long", "count": 3, "Bleu_4": 0.7, "CIDEr": 6.0}]
+    recs = [{"variant": v, "data": "shapes", "data_seed": 0, "metrics": {"CIDEr": 7.0}, "by_length": bins}
+            for v in ("soft_14x14", "mean_pool_14x14")]
+    text = write_report(CATALOGUE, load_protocol("development"), recs, tmp_path).read_text()
+    assert "![BLEU-4 and CIDEr by reference length](development_by_length.png)" in text
+    assert (tmp_path / "development_by_length.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow

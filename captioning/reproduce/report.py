@@ -182,9 +182,9 @@ def write_report(catalogue: Catalogue, protocol: Protocol, records: Sequence[Map
     for data, title in (("shapes", "shapes (images)"), ("moving_shapes", "moving_shapes (videos)")):
         if any(r["data"] == data for r in records):
             lines += [f"## {title}: mean ± std over data seeds (chance)", "", *variants_table(records, data), ""]
-    figure = plot_by_length(records, out / f"{protocol.name}_bleu_by_length.png")
+    figure = plot_by_length(records, out / f"{protocol.name}_by_length.png")
     if figure:
-        lines += [f"![BLEU-4 by reference length]({figure.name})", ""]
+        lines += [f"![BLEU-4 and CIDEr by reference length]({figure.name})", ""]
     path = out / f"{protocol.name}.md"
     atomic_write_text(path, "\n".join(lines))
     atomic_write_text(path.with_suffix(".json"), json.dumps({"protocol": protocol.name, "claims": rows}, indent=1))
@@ -192,11 +192,11 @@ def write_report(catalogue: Catalogue, protocol: Protocol, records: Sequence[Map
 
 
 def plot_by_length(records: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
-    """BLEU-4 by reference length of each shapes variant (its lowest data seed's run)."""
+    """BLEU-4 and CIDEr by reference length of each shapes variant (its lowest data seed's run)."""
     per_model: dict[str, list[dict]] = {}
     for r in sorted(records, key=lambda r: r["data_seed"]):
         if r["data"] == "shapes" and r.get("by_length") and r["variant"] not in per_model:
             per_model[r["variant"]] = r["by_length"]
     if not per_model:
         return None
-    return plot_metrics_by_length(per_model, path, title="shapes: BLEU-4 by reference length")
+    return plot_metrics_by_length(per_model, path, title="shapes: BLEU-4 and CIDEr by reference length")
