@@ -201,3 +201,22 @@ def test_cli_ensemble_and_server_file(tiny, tmp_path) -> None:
     entries = json.loads(server_file.read_text())
     assert sorted(e["image_id"] for e in entries) == sorted(tiny["splits"]["test"])
     assert (tmp_path / "ens" / "results.zip").is_file()
+
+
+def test_evaluation_reads_each_checkpoint_once_and_records_every_members_run(tiny, monkeypatch) -> None:
+    from captioning.train.checkpoint import checkpoint_run
+
+    reads: list[str] = []
+    load = torch.load
+
+    def counting_load(f, *args, **kwargs):
+        reads.append(str(f))
+        return load(f, *args, **kwargs)
+
+    expected = [checkpoint_run(p) for p in tiny["ckpts"]]
+    monkeypatch.setattr(torch, "load", counting_load)
+    summary = _evaluate(list(map(str, tiny["ckpts"])), tiny["tmp"] / "once")
+    assert sorted(reads) == sorted(map(str, tiny["ckpts"]))  # one read per member
+    provenance = json.loads((Path(summary["output_dir"]) / "provenance.json").read_text())
+    assert provenance["checkpoints"] == expected and "run" not in provenance  # an ensemble is no one run
+    assert [r["checkpoint"] for r in provenance["checkpoints"]] == list(map(str, tiny["ckpts"]))

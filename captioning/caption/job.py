@@ -36,7 +36,6 @@ from captioning.errors import ConfigError
 from captioning.models.search import DecodeConfig
 from captioning.provenance import provenance, write_provenance
 from captioning.store.feature_store import store_id
-from captioning.train.checkpoint import checkpoint_run
 from captioning.viz.gallery import write_gallery
 
 
@@ -83,7 +82,7 @@ def caption(cfg: CaptionConfig) -> CaptionSummary:
                                       num_workers=cfg.num_workers, **options))
     entries = write_gallery(results, out, title=f"Captions by {Path(cfg.ckpt_path).name}")
     write_provenance(out, provenance(store=store_id(captioner.feature_meta),
-                                     checkpoints=[checkpoint_run(cfg.ckpt_path)]), ("captions.json",))
+                                     checkpoints=captioner.module.checkpoint_runs), ("captions.json",))
     failed = [e for e in entries if "error" in e]
     for e in failed:
         print(f"failed: {e['input']}: {e['error']}", file=sys.stderr, flush=True)

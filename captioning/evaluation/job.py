@@ -40,9 +40,7 @@ from captioning.store.feature_store import store_id
 from captioning.store.streams import open_features
 from captioning.train.checkpoint import (
     check_compatible,
-    checkpoint_run,
     load_captioner,
-    load_checkpoint,
     load_ensemble,
 )
 from captioning.train.module import gather_objects
@@ -164,7 +162,8 @@ def decode_split(cfg: EvaluateConfig, laps: Laps) -> Decoded | None:
     """The split decoded by the checkpoint (or ensemble) with Lightning ``predict`` on every rank,
     gathered; None on the ranks other than zero."""
     paths = checkpoint_paths(cfg.ckpt_path)
-    hp = load_checkpoint(paths[0])["hyper_parameters"]
+    model = load_captioner(paths[0]) if len(paths) == 1 else load_ensemble(paths)
+    hp = model.hparams  # the (first) checkpoint's hyper_parameters: config, vocab, feature_meta
     train_cfg = hp["config"]
     data_cfg = checkpoint_data_config(train_cfg, cfg.data_root)
     check_request(cfg.server, data_cfg.kind, cfg.max_items)
@@ -173,7 +172,6 @@ def decode_split(cfg: EvaluateConfig, laps: Laps) -> Decoded | None:
         features_dir = features_dir.replace(train_cfg["data"]["root"], cfg.data_root, 1)
     store = open_features(features_dir)  # one store, or several streams joined
     check_compatible(hp, hp["vocab"], dict(store.meta), paths[0])  # the other members: as the first
-    model = load_captioner(paths[0]) if len(paths) == 1 else load_ensemble(paths)
     model.decode_cfg = cfg.decode
     records = read_dataset(data_cfg).split(cfg.split)
     if not records:
@@ -280,7 +278,7 @@ def ground(cfg: EvaluateConfig, d: Decoded) -> tuple[dict | None, dict | None]:
 
 def evaluation_provenance(d: Decoded) -> dict[str, Any]:
     """Where the numbers came from: the checkpoints' runs (fingerprints), the store, the code."""
-    runs = [checkpoint_run(p) for p in d.paths]
+    runs = d.model.checkpoint_runs
     return provenance(store=store_id(d.store.meta), run=runs[0]["fingerprint"] if len(runs) == 1 else None,
                       checkpoints=runs)
 

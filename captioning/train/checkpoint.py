@@ -136,7 +136,8 @@ def check_compatible(hparams: Mapping[str, Any], vocab: Mapping[str, Any], featu
 
 
 def load_captioner(path: str | Path, map_location: str | torch.device = "cpu"):
-    """The trained LightningModule (``captioning.train.module``) of a checkpoint, in eval mode.
+    """The trained LightningModule (``captioning.train.module``) of a checkpoint, in eval mode; its
+    ``checkpoint_runs`` is ``[checkpoint_run(path)]`` (an ensemble's: one per member).
 
     Safe loading (``load_checkpoint``); for captioning from Python use ``captioning.Captioner``.
     A model trained end to end comes back with its encoder (``captioning.train.finetune``).
@@ -158,6 +159,7 @@ def load_captioner(path: str | Path, map_location: str | torch.device = "cpu"):
                               f"{str(e).splitlines()[0][:300]}; to convert it, rename the key in its "
                               f"hyper_parameters['config'] to this code's (docs/configuration.md) or load it "
                               f"with the code that wrote it ({written})") from None
+    model.checkpoint_runs = [checkpoint_run(path, ckpt)]  # provenance without reading the file again
     model.eval()
     return model
 
@@ -185,4 +187,5 @@ def load_ensemble(paths: Sequence[str | Path], map_location: str | torch.device 
             raise ConfigError(f"ensemble: {path} reads other features than {paths[0]} (they differ in "
                               f"{sorted(diff)}); ensemble checkpoints trained on the same features_dir")
     first.decoder = EnsembleDecoder([m.decoder for m in modules])
+    first.checkpoint_runs = [run for m in modules for run in m.checkpoint_runs]
     return first.eval()
