@@ -10,6 +10,9 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ from captioning.train.identity import (
     decide_resume,
     describe,
     fingerprint,
+    hold_run_folder,
     identity,
     identity_diff,
     normalise_resume,
@@ -108,6 +112,31 @@ def test_resume_policies(tmp_path):
         decide_resume("auto", last, CONFIG, {"config": other, "run": None})
 
 
+def test_a_run_folder_is_held_by_one_process_at_a_time(tmp_path):
+    run = tmp_path / "run"
+    with hold_run_folder(run):
+        assert run.is_dir()
+        with pytest.raises(ConfigError, match=r"run is being trained by another process .* Nothing was changed"):
+            with hold_run_folder(run):  # another open of the folder: as another process would
+                pass
+        with hold_run_folder(run, rank=1):  # a DDP rank other than zero: its parent holds the folder
+            pass
+    with hold_run_folder(run):  # released when the holder's block ends
+        started, ready = os.pipe()
+        child = os.fork()  # e.g. a DataLoader worker, alive after its parent let go
+        if child == 0:
+            os.write(ready, b"1")  # the fork handlers have run
+            time.sleep(5)
+            os._exit(0)
+        os.read(started, 1)
+    try:
+        with hold_run_folder(run):  # the child did not keep the folder held
+            pass
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
 def test_resume_values_of_older_configs():
     assert [normalise_resume(v) for v in (True, "true", False, "False", "must", "NEVER")] == [
         "auto", "auto", "never", "never", "must", "never"]
@@ -186,6 +215,12 @@ def test_a_rerun_with_another_setting_is_refused_and_leaves_the_folder_as_it_was
     assert "holds another run" in errors[0] and "optim.lr 0.001 -> 0.005" in errors[0]
     assert "run_name=<name>" in errors[0]  # the way forward
     assert snapshot(run) == before  # byte for byte, no file added
+    with hold_run_folder(run):  # the same run, while another process trains it: refused, nothing written
+        proc = run_cli("train", *args(tiny, "optim.lr=1e-3", f"hydra.run.dir={run}"), check=False,
+                       env={"OMP_NUM_THREADS": "1"})
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "is being trained by another process" in errors[0]
+    assert snapshot(run) == before
     # the same settings with a larger budget continue it
     proc = run_cli("train", *args(tiny, "optim.lr=1e-3", "trainer.max_epochs=3", f"hydra.run.dir={run}"),
                    env={"OMP_NUM_THREADS": "1"})

@@ -38,7 +38,7 @@ from captioning.train.checkpoint import (
     load_checkpoint,
 )
 from captioning.train.finetune import FinetuneConfig, FinetuneModule, finetune_data
-from captioning.train.identity import decide_resume, fingerprint
+from captioning.train.identity import decide_resume, fingerprint, hold_run_folder
 from captioning.train.module import CaptioningModule, OptimConfig, config_dict
 from captioning.train.scst import ScstConfig
 from captioning.train.stage import stage_of
@@ -167,7 +167,8 @@ def train(cfg: TrainConfig) -> dict:
     """Fit; returns a summary (best checkpoint, best score, steps, run fingerprint, provenance).
 
     The run folder is checked first: a ``last.ckpt`` of another run (another fingerprint) is
-    refused before anything in the folder is written (``identity.decide_resume``).
+    refused before anything in the folder is written (``identity.decide_resume``), and so is a
+    folder another process is training (``identity.hold_run_folder``).
     """
     decoder_config(cfg.model)  # a bad model config stops here, before any data is read
     stage = stage_of(config_dict(cfg))
@@ -176,34 +177,35 @@ def train(cfg: TrainConfig) -> dict:
     config = config_dict(cfg)
     run_fp = fingerprint(config)
     ckpt = out / "checkpoints" / "last.ckpt"
-    resume_from = str(ckpt) if resume_decision(cfg.resume, ckpt, config) else None
-    with run_record(out, cfg):
-        pl.seed_everything(cfg.seed, workers=True)
-        table, store = read_data(cfg)
-        vocab = table.vocabulary(min_count=cfg.data.min_count)
-        meta = dict(store.meta)  # what the model is trained on (fine-tuning: the encoder's output)
-        if stage == "finetune":  # end to end from raw images (captioning.train.finetune)
-            dm, meta = finetune_data(cfg, table, store, vocab)
-        else:
-            dm = CaptionDataModule(
-                table, store, vocab, max_length=cfg.data.max_length, batch_size=cfg.data.batch_size,
-                eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=stage == "scst",
-            )
-        if rank_zero_only.rank == 0:  # temp files of checkpoint writes a killed run left behind
-            for stale in ckpt.parent.glob(".*.tmp"):
-                stale.unlink(missing_ok=True)
-        resume_step = check_resumable(resume_from, vocab.to_dict(), meta)
-        module_cls = FinetuneModule if stage == "finetune" else CaptioningModule
-        extra = {"initial_weights": not resume_from} if stage == "finetune" else {}
-        model = module_cls(config=config, vocab=vocab.to_dict(), feature_meta=meta, **extra)
-        parent = None
-        if cfg.init_from and not resume_from:  # e.g. XE -> SCST: a new run from a finished one's weights
-            parent = init_weights(model, cfg.init_from, vocab.to_dict(), dict(store.meta))
-        model.run_record = {"fingerprint": run_fp, "provenance": provenance(store=store_id(store.meta), run=run_fp),
-                            **({"parent": parent} if parent else {})}
-        trainer = build_trainer(cfg, out, resume_step)
-        trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
-        return write_summary(trainer, out, ckpt, vocab, dm, model.run_record)
+    with hold_run_folder(out, rank_zero_only.rank):  # one process per run folder
+        resume_from = str(ckpt) if resume_decision(cfg.resume, ckpt, config) else None
+        with run_record(out, cfg):
+            pl.seed_everything(cfg.seed, workers=True)
+            table, store = read_data(cfg)
+            vocab = table.vocabulary(min_count=cfg.data.min_count)
+            meta = dict(store.meta)  # what the model is trained on (fine-tuning: the encoder's output)
+            if stage == "finetune":  # end to end from raw images (captioning.train.finetune)
+                dm, meta = finetune_data(cfg, table, store, vocab)
+            else:
+                dm = CaptionDataModule(
+                    table, store, vocab, max_length=cfg.data.max_length, batch_size=cfg.data.batch_size,
+                    eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=stage == "scst",
+                )
+            if rank_zero_only.rank == 0:  # temp files of checkpoint writes a killed run left behind
+                for stale in ckpt.parent.glob(".*.tmp"):
+                    stale.unlink(missing_ok=True)
+            resume_step = check_resumable(resume_from, vocab.to_dict(), meta)
+            module_cls = FinetuneModule if stage == "finetune" else CaptioningModule
+            extra = {"initial_weights": not resume_from} if stage == "finetune" else {}
+            model = module_cls(config=config, vocab=vocab.to_dict(), feature_meta=meta, **extra)
+            parent = None
+            if cfg.init_from and not resume_from:  # e.g. XE -> SCST: a new run from a finished one's weights
+                parent = init_weights(model, cfg.init_from, vocab.to_dict(), dict(store.meta))
+            model.run_record = {"fingerprint": run_fp, "provenance": provenance(store=store_id(store.meta), run=run_fp),
+                                **({"parent": parent} if parent else {})}
+            trainer = build_trainer(cfg, out, resume_step)
+            trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
+            return write_summary(trainer, out, ckpt, vocab, dm, model.run_record)
 
 
 def resume_decision(policy: str, ckpt: Path, config: dict) -> bool:
