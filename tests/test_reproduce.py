@@ -159,7 +159,7 @@ def test_the_report_is_generated_from_records(tmp_path):
     assert "CONFIRMED" in row and "(n=5)" in row and "0.942" in row  # the development value beside
     assert "feedbeef00" in text and "| temporal_residual_224 | 1,2,3,4,5 |" in text
     verdicts = {c["id"]: c["verdict"] for c in json.loads(path.with_suffix(".json").read_text())["claims"]}
-    assert verdicts["event_order_224"] == "CONFIRMED" and verdicts["pointing_14x14"] == "-"
+    assert verdicts["event_order_224"] == "CONFIRMED" and verdicts["pointing_14x14"] == "pending (0 of 5 seeds)"
     partial = write_report(CATALOGUE, protocol, recs[:2], tmp_path / "partial", dev)
     verdicts = {c["id"]: c["verdict"] for c in json.loads(partial.with_suffix(".json").read_text())["claims"]}
     assert verdicts["event_order_224"] == "pending (2 of 5 seeds)"  # no verdict on part of the seeds

@@ -131,8 +131,7 @@ def claims_table(catalogue: Catalogue, protocol: Protocol, records: Sequence[Map
         interval = t_interval(list(values.values()), conf)
         dev = claim_values(c, development or [], sorted({int(r["data_seed"]) for r in development or []}))
         # the rule is pre-registered for the protocol's seeds: no verdict on part of them
-        v = verdict(c, interval) if not values or len(values) == len(seeds) else \
-            f"pending ({len(values)} of {len(seeds)} seeds)"
+        v = verdict(c, interval) if len(values) == len(seeds) else f"pending ({len(values)} of {len(seeds)} seeds)"
         cells = [f"{'**' * c.headline}{c.text}{'**' * c.headline}", _quantity(c), _fmt(interval, values)]
         if development is not None:
             cells += [v, " / ".join(f"{x:.3f}" for x in dev.values()) or "-"]
