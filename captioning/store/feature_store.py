@@ -55,6 +55,7 @@ import numpy as np
 
 from captioning.errors import ConfigError, DataError, StorageError
 from captioning.utils.io import atomic_write, atomic_write_json, read_json
+from captioning.utils.locks import ExclusiveLock
 
 log = logging.getLogger(__name__)
 
@@ -271,32 +272,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class _RankLock:
-    """An exclusive ``flock`` on ``shards/.r{rank}.lock``; released when closed or the process dies."""
-
-    def __init__(self, path: Path, what: str) -> None:
-        self.fd: int | None = None
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - non-POSIX: no protection against a second writer
-            return
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise DataError(f"another writer is already writing {what} (lock {path}); give every "
-                                f"process its own rank, or wait for the other job to finish") from e
-            return  # locks unsupported on this filesystem: go on unprotected
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the descriptor drops the flock
-            self.fd = None
-
-
 # --------------------------------------------------------------------------------- writer
 
 
@@ -331,7 +306,10 @@ class FeatureStoreWriter:
             self.failures_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise DataError(f"cannot create the feature store at {self.root}: {e}") from e
-        self._lock = _RankLock(self.shards_dir / f".r{rank:03d}.lock", f"rank {rank} of {self.root}")
+        self._lock = ExclusiveLock(self.shards_dir / f".r{rank:03d}.lock")
+        if not self._lock.acquire():
+            raise DataError(f"another writer is already writing rank {rank} of {self.root} (lock {self._lock.path}); "
+                            f"give every process its own rank, or wait for the other job to finish")
         try:
             self._init_meta()
             self._next_seq = self._clean_own_rank()

@@ -16,17 +16,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: no advisory locks, a run folder is not held
-    fcntl = None  # type: ignore[assignment]
-
 from captioning.errors import ConfigError
+from captioning.utils.locks import ExclusiveLock
 
 #: Keys (dotted) that may change while continuing the same run, and why.
 CONTINUATION_KEYS: dict[str, str] = {
@@ -119,36 +114,24 @@ def hold_run_folder(folder: str | Path, rank: int = 0) -> Iterator[None]:
     """This process trains ``folder`` until the block ends; a second process started on the same
     folder meanwhile is refused (one line) instead of writing the same checkpoints beside it.
 
-    An exclusive advisory ``flock`` on the folder itself (created if missing): no lock file to go
-    stale, the kernel drops the lock when the process ends, killed or not.  Rank zero only: the
-    other DDP ranks are its children, launched while it holds the folder.
+    An ``ExclusiveLock`` on the folder itself (created if missing): no lock file, nothing to go
+    stale.  Rank zero only: the other DDP ranks are its children, launched while it holds it.
     """
     folder = Path(folder)
-    if rank != 0 or fcntl is None:
+    if rank != 0:
         yield
         return
     folder.mkdir(parents=True, exist_ok=True)
-    held = {"fd": os.open(folder, os.O_RDONLY)}
-
-    def close(holder: dict = held) -> None:
-        fd, holder["fd"] = holder["fd"], None
-        if fd is not None:
-            os.close(fd)
-
-    # a forked child (a DataLoader worker) shares the lock; it lets go of it at once, so that the
-    # lock ends with this process and not with its last worker
-    os.register_at_fork(after_in_child=close)
+    lock = ExclusiveLock(folder)
+    if not lock.acquire():
+        raise ConfigError(
+            f"{folder} is being trained by another process (it holds the folder); wait for it to "
+            f"finish or stop it, then run this again to continue the run. Nothing was changed"
+        )
     try:
-        try:
-            fcntl.flock(held["fd"], fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"{folder} is being trained by another process (it holds the folder); wait for it to "
-                f"finish or stop it, then run this again to continue the run. Nothing was changed"
-            ) from None
         yield
     finally:
-        close()  # releases the lock
+        lock.release()
 
 
 def decide_resume(policy: str, last: Path, config: Mapping[str, Any], saved: Mapping[str, Any] | None) -> bool:
