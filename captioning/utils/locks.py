@@ -39,14 +39,9 @@ class ExclusiveLock:
                 return False
             return True  # no locks on this filesystem: go on unprotected
         self._fd = fd
-        os.register_at_fork(after_in_child=self._forget)
+        # a forked child closes its inherited descriptor at once; the parent keeps the lock
+        os.register_at_fork(after_in_child=self.release)
         return True
-
-    def _forget(self) -> None:
-        """In a forked child: close the inherited descriptor (the parent keeps the lock)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
     def release(self) -> None:
         """Let go (idempotent): closing the descriptor drops the ``flock``."""
