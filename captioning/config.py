@@ -239,7 +239,8 @@ def _fail(message: str) -> None:
 
 def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator for job entry points: a CaptioningError, or a full disk, is one line and exit status 2
-    (in a sweep: the job fails with that line and the sweep goes on)."""
+    (in a sweep: the job fails with that line and the sweep goes on); the DDP process group, if the
+    job made one, is destroyed when it ends."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -255,5 +256,16 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             where = f" while writing {e.filename}" if e.filename else ""
             _fail(f"{e.strerror or 'no space left'}{where}; files finished before are intact "
                   f"(every output is written to a temp file and renamed). Free space and run the same command again")
+        finally:
+            release_process_group()
 
     return wrapper
+
+
+def release_process_group() -> None:
+    """Destroy the job's ``torch.distributed`` group (DDP ranks) once the job is over: gloo threads
+    left to the interpreter's teardown can abort a finished process (SIGABRT)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
