@@ -211,11 +211,12 @@ def frame_attention(alpha: np.ndarray, num_frames: int, valid_frames: int | None
 def coverage_entropy(predictions: Sequence[Mapping[str, Any]]) -> float:
     """Mean normalised entropy of each caption's coverage ``sum_t alpha_t`` over its positions
     (1 = attention spread evenly over all of them; what the doubly stochastic term pushes towards).
-    ``predictions``: ``predictions.json`` entries with an ``attention`` [T, N] list; others skipped."""
+    ``predictions``: entries with an ``attention`` [T, N] array (``captioning.predictions.read_predictions``);
+    entries without one are skipped."""
     values = []
     for p in predictions:
         att = p.get("attention")
-        if not att:
+        if att is None or len(att) == 0:
             continue
         cov = np.asarray(att, dtype=np.float64).sum(0)
         if cov.size < 2 or cov.sum() <= 0:

@@ -2,7 +2,7 @@
 
 ``evaluate(EvaluateConfig)`` writes into ``output_dir`` (default ``<run>/eval/<split>-beam<k>``):
 ``results.json`` (COCO results format; ``video_id`` for video), ``metrics.json`` (toolkit key
-names), ``predictions.json`` (tokens + per-token attention), and ``report.md``/``report.json``
+names), ``predictions.json`` + ``attention.npy`` (tokens, per-token attention), and ``report.md``/``report.json``
 with metrics by reference length (plot), vocabulary usage and, on the synthetic data, grounding.
 Under DDP every rank decodes a shard (Lightning ``predict``) and rank 0 writes one results file.
 ``ckpt_path=[a,b,c]`` decodes with the checkpoints' test-time ensemble (``captioning.models.ensemble``;
@@ -35,6 +35,7 @@ from captioning.evaluation.structure import evaluate_structure
 from captioning.metrics import compute_metrics, default_metrics
 from captioning.models.decoders import run_tag
 from captioning.models.search import DecodeConfig
+from captioning.predictions import ATTENTION_FILE, write_predictions
 from captioning.provenance import provenance, write_provenance
 from captioning.store.feature_store import store_id
 from captioning.store.streams import open_features
@@ -150,7 +151,8 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
             "provenance": evaluation_provenance(decoded)}
     write_report(out, scores, metrics_by_length(refs, hyps), vocabulary_usage(hyps, refs, len(decoded.model.vocab)),
                  grounding, meta, structure=structure)
-    write_provenance(out, meta["provenance"], ("results.json", "metrics.json", "predictions.json"))
+    files = ("results.json", "metrics.json", "predictions.json") + ((ATTENTION_FILE,) if (out / ATTENTION_FILE).is_file() else ())
+    write_provenance(out, meta["provenance"], files)
     laps.lap("report")  # grounding, structure, metrics by length, vocabulary usage, report files
     log.info("evaluation seconds: %s", ", ".join(f"{k} {v:.1f}" for k, v in laps.seconds.items()))
     print_table(scores, grounding, out, structure)
@@ -211,18 +213,14 @@ def metric_names(names: list[str]) -> list[str]:
 
 def write_results(cfg: EvaluateConfig, d: Decoded, out: Path, scores: dict[str, float]) -> None:
     """``results.json`` (COCO results format), ``metrics.json``, ``predictions.json`` (tokens, score,
-    attention), ``nbest.json`` when several hypotheses per item were asked for, and the
+    rows of ``attention.npy``: ``captioning.predictions``), ``nbest.json`` when several hypotheses per item were asked for, and the
     evaluation server's file (``server=``) last: a failed check of it loses no decoded caption."""
     hyps = d.hypotheses
     atomic_write_json(out / "results.json", [{d.id_key: d.source_id(i), "caption": hyps[i]} for i in d.order])
     atomic_write_json(out / "metrics.json", scores)
-    atomic_write_json(out / "predictions.json", [
-        {d.id_key: d.source_id(i), "caption": hyps[i], "tokens": d.predictions[i]["tokens"],
-         "score": d.predictions[i]["score"],
-         "attention": None if d.predictions[i]["attention"] is None
-         else np.round(d.predictions[i]["attention"].astype(float), 5).tolist()}
-        for i in d.order
-    ], indent=None)
+    write_predictions(out, [{d.id_key: d.source_id(i), "caption": hyps[i], "tokens": d.predictions[i]["tokens"],
+                             "score": d.predictions[i]["score"]} for i in d.order],
+                      [d.predictions[i]["attention"] for i in d.order])
     if cfg.decode.per_item > 1:  # every hypothesis of each item, best first (n-best / n samples)
         atomic_write_json(out / "nbest.json", [
             {d.id_key: d.source_id(i), "captions": [{"caption": " ".join(t), "score": s}

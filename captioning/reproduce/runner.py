@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from captioning.evaluation.grounding import coverage_entropy
+from captioning.predictions import read_predictions
 from captioning.provenance import provenance
 from captioning.reproduce.catalogue import Catalogue, Protocol, Variant
 from captioning.utils.io import atomic_write_json, read_json
@@ -138,7 +139,7 @@ class Runner:
         g, st = report.get("grounding") or {}, report.get("structure") or {}
         values.update({k: g[k] for k in GROUNDING_KEYS if g.get(k) is not None})
         values.update({k: st[k] for k in STRUCTURE_KEYS if st.get(k) is not None})
-        values["coverage_entropy"] = coverage_entropy(read_json(ev / "predictions.json", "predictions"))
+        values["coverage_entropy"] = coverage_entropy(read_predictions(ev / "predictions.json"))
         bins = [b for b in report.get("by_length") or [] if b.get("count") and b.get("Bleu_4") is not None]
         if bins:  # Bahdanau et al.'s figure, reduced to its two ends
             values["Bleu_4_shortest"], values["Bleu_4_longest"] = bins[0]["Bleu_4"], bins[-1]["Bleu_4"]
