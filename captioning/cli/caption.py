@@ -18,20 +18,28 @@ from omegaconf import DictConfig
 
 from captioning.caption.job import CaptionConfig, caption
 from captioning.config import CONF_DIR, cli_errors, to_config
+from captioning.viz.viewer import switch_overrides
 
 __all__ = ["CaptionConfig", "main"]
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="caption")
 @cli_errors
-def main(raw: DictConfig) -> None:
+def _main(raw: DictConfig) -> None:
     cfg = to_config(raw, CaptionConfig)
     summary = caption(cfg)
     out = Path(summary.output_dir)
     print(f"captioned {summary.captioned} input(s), {summary.failed} failed; results in {out}/: "
           f"captions.json, figures/, index.html (open {out / 'index.html'})", flush=True)
+    if summary.viewer is not None:
+        print(f"attention viewer: {summary.viewer} (open it in a browser)", flush=True)
     if summary.failed:
         sys.exit(1)
+
+
+def main() -> None:
+    sys.argv = switch_overrides(sys.argv)  # viewer=true -> viewer.enabled=true
+    _main()
 
 
 if __name__ == "__main__":
