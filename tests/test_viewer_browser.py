@@ -1,0 +1,393 @@
+"""The attention viewer in a real browser: headless Chromium (Debian's package, installed by .ci/run)
+driven by Playwright with the system browser (``executable_path``; Playwright's own browser download
+is never used).  Skipped, with one line, where Chromium is not installed.
+
+* a tiny model trained through the CLIs on images with one coloured shape in one cell of a 3x3
+  grid (its features carry the object's colour and shape in that cell): its evaluation viewer,
+  hovering the word that names the object, shows the most attended cell that ``attention.npy``
+  says (the page's report and the overlay canvas's pixels), and the object's outline; the compare
+  view shows another checkpoint's caption and its own attention; a screenshot is taken;
+* a video: ``captioning-caption ... viewer=true`` on moving shapes, the word's most attended frame
+  shown large and its bar the tallest; scrubbing the filmstrip moves the large frame;
+* image regions: the most attended box is the one marked;
+* a 5,000-item evaluation's viewer is ready in under 3 s (its items are paged).
+
+``python tests/test_viewer_browser.py <viewer/index.html> <out.png>`` takes the screenshot of any
+viewer the way the test takes its own (docs/img/viewer.png is that of ``make demo``'s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from urllib.parse import quote
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import run_cli  # noqa: E402
+
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+COLOURS, SHAPES = ["red", "green", "blue"], ["square", "circle", "triangle"]
+RGB = {"red": (220, 30, 30), "green": (30, 180, 40), "blue": (40, 70, 230)}
+GRID, CELL = 3, 32  # a 3x3 grid of 32-px cells: 96x96 images
+
+
+def open_browser(user_data_dir: str | Path):
+    """(playwright, a persistent Chromium context on an empty profile); the caller closes both."""
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    ctx = pw.chromium.launch_persistent_context(str(user_data_dir), executable_path=CHROMIUM, headless=True,
+                                                args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
+    return pw, ctx
+
+
+def open_viewer(ctx, index_html: Path, key: str | None = None):
+    """A page showing ``index_html`` (the item ``key``), ready; its console errors in ``page.errors``."""
+    page = ctx.new_page()
+    page.errors = []
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
+    page.goto(index_html.resolve().as_uri() + (f"#{quote(key, safe='')}" if key is not None else ""))
+    page.wait_for_selector("body[data-ready]", timeout=15000)
+    return page
+
+
+def screenshot(ctx, index_html: Path, out_png: Path, key: str | None = None) -> dict:
+    """Open the viewer, hover the first word whose object the data name (else the second word) and
+    save a screenshot; returns what the page reported for that word."""
+    page = open_viewer(ctx, index_html, key)
+    grounded = page.evaluate("Viewer.state.item.r[0].g")
+    t = grounded[0]["t"] if grounded else min(1, len(page.evaluate("Viewer.state.item.r[0].tok")) - 1)
+    page.hover(f"#panel-0 .w[data-t='{t}']")
+    page.screenshot(path=str(out_png))
+    shown = {"t": t, "argmax": page.get_attribute("#panel-0", "data-argmax"), "info": page.inner_text("#info-0")}
+    page.close()
+    return shown
+
+
+if CHROMIUM is None:
+    pytest.skip("Chromium not found (apt-get install chromium): the viewer's browser tests are skipped",
+                allow_module_level=True)
+pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install -e '.[dev]')")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    pw, ctx = open_browser(tmp_path_factory.mktemp("chromium-profile"))
+    yield ctx
+    ctx.close()
+    pw.stop()
+
+
+# ------------------------------------------------------------------------------ a tiny trained model
+
+
+def make_pointing_dataset(root: Path, n: int = 72, seed: int = 0) -> Path:
+    """Images with one coloured shape in one cell of a 3x3 grid, captions "a <colour> <shape>", the
+    object's box in grounding.json, and a FeatureStore whose cell features are noise except the
+    object's cell, which carries a colour and a shape code.  Returns the store folder."""
+    from captioning.store.feature_store import FeatureStoreWriter
+
+    rng = np.random.default_rng(seed)
+    side = GRID * CELL
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "annotations").mkdir(exist_ok=True)
+    splits: dict[str, tuple[list, list]] = {s: ([], []) for s in ("train", "val", "test")}
+    grounding = {"kind": "image", "word_classes": {"colour": COLOURS, "shape": SHAPES}, "items": {}}
+    meta = {"settings": {"backbone": "synthetic", "weights": "none", "preprocessing": {
+        "size": side, "resize": side, "crop": "center", "mean": [0.5] * 3, "std": [0.5] * 3}},
+        "kind": "image", "positions": GRID * GRID, "dim": 16, "grid": [GRID, GRID], "dtype": "float16"}
+    writer = FeatureStoreWriter(root / "features", meta, shard_size=32)
+    for i in range(1, n + 1):
+        c, s, p = (int(v) for v in (rng.integers(3), rng.integers(3), rng.integers(GRID * GRID)))
+        box = [(p % GRID) * CELL + 3, (p // GRID) * CELL + 3, (p % GRID + 1) * CELL - 3, (p // GRID + 1) * CELL - 3]
+        img = Image.new("RGB", (side, side), (128, 128, 128))
+        draw = ImageDraw.Draw(img)
+        if s == 0:
+            draw.rectangle(box, fill=RGB[COLOURS[c]])
+        elif s == 1:
+            draw.ellipse(box, fill=RGB[COLOURS[c]])
+        else:
+            draw.polygon([((box[0] + box[2]) / 2, box[1]), (box[2], box[3]), (box[0], box[3])], fill=RGB[COLOURS[c]])
+        img.save(root / "images" / f"{i:06d}.png")
+        feats = rng.normal(0, 0.05, size=(GRID * GRID, 16)).astype(np.float32)
+        feats[p, c] += 1.0
+        feats[p, 3 + s] += 1.0
+        writer.add(str(i), feats)
+        split = "train" if i <= n * 2 // 3 else "val" if i <= n * 5 // 6 else "test"
+        words = f"{COLOURS[c]} {SHAPES[s]}"
+        splits[split][0].append({"id": i, "file_name": f"{i:06d}.png", "width": side, "height": side})
+        splits[split][1].extend([{"id": 10 * i + k, "image_id": i, "caption": cap}
+                                     for k, cap in enumerate([f"a {words}", f"a {words} .", f"there is a {words}"])])
+        grounding["items"][str(i)] = {"size": [side, side], "objects": [{"box": box, "words": [COLOURS[c], SHAPES[s]],
+                                                                          "colour": COLOURS[c], "shape": SHAPES[s], "rank": 0}]}
+    writer.close()
+    for split, (images, anns) in splits.items():
+        (root / "annotations" / f"captions_{split}.json").write_text(json.dumps({"images": images, "annotations": anns}))
+    (root / "annotations" / "grounding.json").write_text(json.dumps(grounding))
+    return root / "features"
+
+
+TRAIN = ["model=soft_attention", "model.position_code=none", "model.embed_dim=16", "model.hidden_dim=32",
+         "model.attention_dim=16", "model.doubly_stochastic=0.0", "optim.lr=0.01", "optim.warmup_steps=0",
+         "logger=none", "callbacks.progress=null", "callbacks.early_stopping=null", "callbacks.attention_images=null",
+         "trainer=cpu", "trainer.enable_progress_bar=false", "trainer.max_epochs=6", "data.num_workers=0",
+         "data.batch_size=8"]
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory) -> dict:
+    """Two checkpoints trained on the pointing data (seeds 0 and 1, one Hydra sweep); seed 1's test
+    split evaluated in process, seed 0's by ``captioning-evaluate ... viewer=true viewer.compare=``."""
+    from captioning.evaluation.job import EvaluateConfig, evaluate
+    from captioning.models.search import DecodeConfig
+
+    tmp = tmp_path_factory.mktemp("viewer_images")
+    root = tmp / "pointing"
+    store = make_pointing_dataset(root)
+    data = ["data=shapes", "data.name=pointing", f"data.root={root}", "data.synthetic=null", f"features_dir={store}"]
+    run_cli("train", "-m", *data, *TRAIN, "seed=0,1", f"hydra.sweep.dir={tmp}/sweep", "hydra.sweep.subdir=s${seed}")
+    ckpt = {s: json.loads((tmp / "sweep" / f"s{s}" / "train_summary.json").read_text())["last_checkpoint"] for s in (0, 1)}
+    other = tmp / "eval_seed1"
+    evaluate(EvaluateConfig(ckpt_path=ckpt[1], split="test", output_dir=str(other), num_workers=0,
+                            metrics=["bleu", "cider"], decode=DecodeConfig(beam_size=2)))
+    out = tmp / "eval_seed0"
+    proc = run_cli("evaluate", f"ckpt_path={ckpt[0]}", "split=test", "decode.beam_size=3", "decode.n_best=2",
+                   "viewer=true", f"viewer.compare={other / 'predictions.json'}", "viewer.page_size=5", "num_workers=0",
+                   "metrics=[bleu,cider]", f"output_dir={out}", f"hydra.run.dir={tmp}/hydra", "trainer.enable_progress_bar=false")
+    return {"out": out, "other": other, "stdout": proc.stdout, "report": json.loads((out / "report.json").read_text()),
+            "grounding": root / "annotations" / "grounding.json"}
+
+
+def _grounded_words(out: Path, grounding: Path) -> list[tuple[str, int, np.ndarray]]:
+    """(item id, t, attention row [9]) of every word that names its item's object."""
+    from captioning.predictions import read_predictions
+
+    items = json.loads(grounding.read_text())["items"]
+    found = []
+    for e in read_predictions(out / "predictions.json"):
+        named = items[str(e["image_id"])]["objects"][0]["words"]
+        found += [(str(e["image_id"]), t, e["attention"][t]) for t, w in enumerate(e["tokens"]) if w in named]
+    return found
+
+
+def _cell_centre_alphas(page, selector: str) -> np.ndarray:
+    """[3, 3] alpha of the overlay canvas's pixel at each cell centre (the heat there, monotone)."""
+    return np.array(page.evaluate("""(sel) => {
+        const c = document.querySelector(sel), ctx = c.getContext("2d"), g = 3, cell = c.width / g, out = [];
+        for (let r = 0; r < g; r++) for (let k = 0; k < g; k++)
+            out.push(ctx.getImageData(Math.floor((k + 0.5) * cell), Math.floor((r + 0.5) * cell), 1, 1).data[3]);
+        return out; }""", selector)).reshape(GRID, GRID)
+
+
+def test_hovering_a_word_shows_the_cell_the_attention_file_says(evaluated, browser, tmp_path):
+    out = evaluated["out"]
+    assert f"attention viewer: {out / 'viewer' / 'index.html'}" in evaluated["stdout"]
+    words = _grounded_words(out, evaluated["grounding"])
+    assert words, "the trained model names no object"
+    checked = 0
+    for key, t, row in words:
+        top = np.sort(row)[::-1]
+        if top[0] - top[1] < 0.02 * top[0]:  # two cells within 2%: the canvas's 8-bit alpha may not tell them apart
+            continue
+        page = open_viewer(browser, out / "viewer" / "index.html", key)
+        page.hover(f"#panel-0 .w[data-t='{t}']")
+        want = divmod(int(np.argmax(row)), GRID)
+        assert page.get_attribute("#panel-0", "data-argmax") == f"{want[0]},{want[1]}"
+        alphas = _cell_centre_alphas(page, "#panel-0 canvas.overlay")
+        assert divmod(int(np.argmax(alphas)), GRID) == want, (alphas, row.reshape(GRID, GRID))
+        assert f"row {want[0] + 1}, column {want[1] + 1} of 3x3" in page.inner_text("#info-0")
+        assert page.errors == []
+        page.close()
+        checked += 1
+        if checked == 3:
+            break
+    assert checked
+
+
+def test_the_named_object_is_outlined_and_its_pointing_matches_the_report(evaluated, browser, tmp_path):
+    out, report = evaluated["out"], evaluated["report"]["grounding"]
+    page = open_viewer(browser, out / "viewer" / "index.html")
+    items = page.evaluate("Viewer.state.index.items")
+    hits = sum(e["g"][0][0] for e in items if e["g"][0])
+    evaluated_words = sum(sum(e["g"][0]) for e in items if e["g"][0])
+    assert evaluated_words == report["words_evaluated"] and hits / evaluated_words == pytest.approx(report["pointing_accuracy"])
+    page.close()
+    page = open_viewer(browser, out / "viewer" / "index.html", next(e["k"] for e in items if e["g"][0]))
+    g = page.evaluate("Viewer.state.item.r[0].g")[0]
+    page.hover(f"#panel-0 .w[data-t='{g['t']}']")
+    box = page.locator("#panel-0 .object")
+    assert box.is_visible() and ("hit" if g["hit"] else "miss") in box.get_attribute("class")
+    stage, drawn = page.locator("#panel-0 .stage").bounding_box(), box.bounding_box()
+    assert drawn["x"] - stage["x"] == pytest.approx(g["box"][0] * stage["width"], abs=2)
+    assert drawn["width"] == pytest.approx((g["box"][2] - g["box"][0]) * stage["width"], abs=3)
+    page.screenshot(path=str(tmp_path / "viewer.png"))
+    assert (tmp_path / "viewer.png").stat().st_size > 10_000
+
+
+def test_compare_view_shows_the_other_checkpoint(evaluated, browser, tmp_path):
+    from captioning.predictions import read_predictions
+
+    out = evaluated["out"]
+    theirs = {str(e["image_id"]): e for e in read_predictions(evaluated["other"] / "predictions.json")}
+    page = open_viewer(browser, out / "viewer" / "index.html")
+    assert page.locator("#panel-1").is_visible()  # a viewer with viewer.compare opens side by side
+    page.click("#compare")
+    assert page.locator("#panel-1").count() == 0
+    page.keyboard.press("c")
+    assert page.locator("#panel-1").is_visible()
+    key = page.evaluate("Viewer.state.item.k")
+    assert page.eval_on_selector_all("#panel-1 .w", "ws => ws.map(w => w.firstChild.textContent)") == theirs[key]["tokens"]
+    t = len(theirs[key]["tokens"]) - 1
+    page.hover(f"#panel-1 .w[data-t='{t}']")
+    row = theirs[key]["attention"][t]
+    assert page.get_attribute("#panel-1", "data-argmax") == "{},{}".format(*divmod(int(np.argmax(row)), GRID))
+    assert page.get_attribute("#panel-1", "data-word") == theirs[key]["tokens"][t]
+    page.keyboard.press("j")  # the next item, both runs
+    page.wait_for_function(f"Viewer.state.item.k !== {json.dumps(key)}")
+    assert page.locator("#panel-1").is_visible()
+    page.screenshot(path=str(tmp_path / "compare.png"))
+    assert page.errors == []
+
+
+def test_search_filter_sort_and_keys(evaluated, browser):
+    page = open_viewer(browser, evaluated["out"] / "viewer" / "index.html")
+    items = page.evaluate("Viewer.state.index.items")
+    word = items[0]["c"][0].split()[-1]
+    page.fill("#search", word)
+    rows = page.locator("#list .row")
+    assert rows.count() == sum(any(c and word in c for c in e["c"]) or word in e["k"] for e in items)
+    page.fill("#search", "")
+    page.select_option("#sort", "CIDEr:-1")
+    cider = [e["m"][0]["CIDEr"] for e in items]
+    first = page.locator("#list .row .metric").first.inner_text()
+    assert float(first) == pytest.approx(max(cider), abs=0.01)
+    page.select_option("#pointing", "miss")
+    assert rows.count() == sum(1 for e in items if e["g"][0] and e["g"][0][1] > 0)
+
+
+# ------------------------------------------------------------------------------ video, regions, scale
+
+
+@pytest.fixture(scope="module")
+def video_viewer(tmp_path_factory) -> Path:
+    """``captioning-caption``'s viewer of three moving-shapes videos (a tiny decoder, 6 frames each)."""
+    from test_caption_cli import _extract, _vocab, save_checkpoint
+
+    from captioning.caption.job import CaptionConfig, caption
+    from captioning.data.synthetic import generate_moving_shapes
+    from captioning.features.backbones import EncoderConfig
+    from captioning.models.search import DecodeConfig
+    from captioning.viz.viewer import ViewerConfig
+
+    tmp = tmp_path_factory.mktemp("viewer_videos")
+    root = tmp / "moving_shapes"
+    generate_moving_shapes(root, num_videos=3, seed=0, frames=16, size=64, workers=1)
+    videos = sorted((root / "videos").glob("*.mp4"))
+    meta = _extract([(v.stem, str(v)) for v in videos], "video", EncoderConfig(weights="none", frames=6, frame_size=64),
+                    root / "features")
+    info = json.loads((root / "annotations" / "videodatainfo.json").read_text())
+    ckpt = save_checkpoint(tmp / "video.ckpt", meta, _vocab([s["caption"] for s in info["sentences"]]), {},
+                           root / "features")
+    summary = caption(CaptionConfig(ckpt_path=str(ckpt), inputs=[str(root / "videos")], output_dir=str(tmp / "cap"),
+                                    decode=DecodeConfig(beam_size=2, max_length=6), device="cpu", num_workers=0,
+                                    progress=False, viewer=ViewerConfig(enabled=True)))
+    assert summary.viewer == tmp / "cap" / "viewer" / "index.html"
+    return summary.viewer
+
+
+def test_video_scrubbing_moves_the_large_frame(video_viewer, browser, tmp_path):
+    from captioning.predictions import read_predictions
+
+    entries = read_predictions(video_viewer.parent.parent / "captions.json")
+    page = open_viewer(browser, video_viewer, entries[0]["input"])
+    att = np.asarray(entries[0]["attention"])
+    t = len(entries[0]["tokens"]) - 1
+    page.hover(f"#panel-0 .w[data-t='{t}']")
+    top = int(np.argmax(att[t]))
+    assert page.get_attribute("#panel-0", "data-argmax") == str(top)
+    assert page.get_attribute("#panel-0", "data-frame") == str(top)  # the word's most attended frame, large
+    heights = page.eval_on_selector_all("#panel-0 .thumb .bar", "bars => bars.map(b => parseFloat(b.style.height))")
+    assert heights == pytest.approx(list(100 * att[t] / att[t].max()), abs=0.1)
+    frames = entries[0]["frame_indices"]
+    for k in (len(frames) - 1, 0, 2):  # scrub: the frame under the cursor is shown large
+        page.hover(f"#panel-0 .thumb[data-k='{k}']")
+        assert page.get_attribute("#panel-0", "data-frame") == str(k)
+        assert page.inner_text("#panel-0 .frame-label").startswith(f"frame {frames[k]} ({k + 1} of {len(frames)})")
+        pos = page.eval_on_selector("#panel-0 .stage", "s => s.style.backgroundPosition")
+        assert float(pos.split("%")[0]) == pytest.approx(100 * k / (len(frames) - 1), abs=1e-3)
+    page.keyboard.press("]")
+    assert page.get_attribute("#panel-0", "data-frame") == "3"
+    page.screenshot(path=str(tmp_path / "video.png"))
+    assert page.errors == []
+
+
+def test_region_boxes_are_shaded_and_the_most_attended_one_marked(browser, tmp_path):
+    from captioning.viz.viewer import Layout, RunInfo, ViewerConfig, ViewerItem, ViewerRun, ViewerWriter
+
+    boxes = np.array([[0, 0, 50, 40], [50, 40, 100, 80], [10, 50, 40, 80]], dtype=np.float64)
+    att = np.array([[0.2, 0.7, 0.1], [0.6, 0.1, 0.3]])
+    writer = ViewerWriter(tmp_path, ViewerConfig(enabled=True), [RunInfo("regions", "-", Layout("regions"))],
+                          kind="image", title="regions")
+    writer.add(ViewerItem("1", [ViewerRun(["red", "square"], att)], pixels=np.full((80, 100, 3), 200, np.uint8),
+                          boxes=boxes, image_size=(100, 80)))
+    page = open_viewer(browser, writer.close())
+    for t in (0, 1):
+        page.hover(f"#panel-0 .w[data-t='{t}']")
+        a = int(np.argmax(att[t]))
+        assert page.get_attribute("#panel-0", "data-argmax") == str(a)
+        stage, marker = page.locator("#panel-0 .stage").bounding_box(), page.locator("#panel-0 .marker").bounding_box()
+        assert marker["x"] - stage["x"] == pytest.approx(boxes[a, 0] / 100 * stage["width"], abs=1.5)
+        assert marker["y"] - stage["y"] == pytest.approx(boxes[a, 1] / 80 * stage["height"], abs=1.5)
+
+
+def test_a_5000_item_viewer_is_ready_in_under_3_s(browser, tmp_path):
+    """5,000 items of 12 words over a 14x14 grid (the size of a COCO test split at the demo's
+    grid): written without a model, opened from disk, the first item shown."""
+    from captioning.viz.viewer import Layout, RunInfo, ViewerConfig, ViewerItem, ViewerRun, ViewerWriter
+
+    rng = np.random.default_rng(0)
+    words = ["a", "red", "green", "blue", "circle", "square", "and", "star", "cross", "white", "on", "left"]
+    pixels = rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)
+    writer = ViewerWriter(tmp_path, ViewerConfig(enabled=True), [RunInfo("big", "-", Layout("grid", (14, 14)))],
+                          kind="image", title="5000 items")
+    for i in range(5000):
+        tokens = list(rng.choice(words, size=12))
+        writer.add(ViewerItem(str(i), [ViewerRun(tokens, rng.dirichlet(np.ones(196), size=12), metrics={"CIDEr": float(i % 7)})],
+                              pixels=pixels if i < 100 else None, references=[" ".join(tokens)]))
+    index = writer.close()
+    size = sum(p.stat().st_size for p in index.parent.rglob("*")) / 2**20
+    start = time.perf_counter()
+    page = open_viewer(browser, index)
+    seconds = time.perf_counter() - start
+    print(f"5,000-item viewer ({size:.0f} MiB): ready in {seconds:.2f} s (page's own clock: "
+          f"{page.evaluate('window.viewerReadyMs') / 1000:.2f} s)")
+    assert seconds < 3.0
+    assert page.locator("#count").inner_text() == "5000 of 5000 items"
+    page.keyboard.press("j")  # the next item, same page: no new script
+    page.fill("#search", "4999")
+    page.wait_for_function("Viewer.state.item && Viewer.state.item.k === '4999'")
+    assert page.errors == []
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as profile:
+        pw, ctx = open_browser(profile)
+        try:
+            print(screenshot(ctx, Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:4]))
+        finally:
+            ctx.close()
+            pw.stop()
