@@ -12,12 +12,13 @@ is never used).  Skipped, with one line, where Chromium is not installed.
 * image regions: the most attended box is the one marked;
 * a 5,000-item evaluation's viewer is ready in under 3 s (its items are paged).
 
-``python tests/test_viewer_browser.py <viewer/index.html> <out.png>`` takes the screenshot of any
-viewer the way the test takes its own (docs/img/viewer.png is that of ``make demo``'s).
+``python tests/test_viewer_browser.py <viewer/index.html> <out.jpg|png> [item id]`` takes the screenshot
+of any viewer the way the tests take theirs (docs/img/viewer.jpg is that of ``make demo``'s test split).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from urllib.parse import quote
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,6 +61,8 @@ def open_viewer(ctx, index_html: Path, key: str | None = None):
     page.errors = []
     page.on("pageerror", lambda e: page.errors.append(str(e)))
     page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
+    page.requests = []  # the scheme of every resource the page asks for (file only: no network)
+    page.on("request", lambda r: page.requests.append(r.url.split(":", 1)[0]))
     page.goto(index_html.resolve().as_uri() + (f"#{quote(key, safe='')}" if key is not None else ""))
     page.wait_for_selector("body[data-ready]", timeout=15000)
     return page
@@ -71,8 +75,9 @@ def screenshot(ctx, index_html: Path, out_png: Path, key: str | None = None) -> 
     grounded = page.evaluate("Viewer.state.item.r[0].g")
     t = grounded[0]["t"] if grounded else min(1, len(page.evaluate("Viewer.state.item.r[0].tok")) - 1)
     page.hover(f"#panel-0 .w[data-t='{t}']")
-    page.screenshot(path=str(out_png))
-    shown = {"t": t, "argmax": page.get_attribute("#panel-0", "data-argmax"), "info": page.inner_text("#info-0")}
+    page.screenshot(path=str(out_png), quality=85 if out_png.suffix in (".jpg", ".jpeg") else None)
+    shown = {"t": t, "word": page.get_attribute("#panel-0", "data-word"), "argmax": page.get_attribute("#panel-0", "data-argmax"),
+             "info": page.inner_text("#info-0")}
     page.close()
     return shown
 
@@ -95,10 +100,11 @@ def browser(tmp_path_factory):
 # ------------------------------------------------------------------------------ a tiny trained model
 
 
-def make_pointing_dataset(root: Path, n: int = 72, seed: int = 0) -> Path:
-    """Images with one coloured shape in one cell of a 3x3 grid, captions "a <colour> <shape>", the
-    object's box in grounding.json, and a FeatureStore whose cell features are noise except the
-    object's cell, which carries a colour and a shape code.  Returns the store folder."""
+def make_pointing_dataset(root: Path, n: int = 240, seed: int = 0) -> Path:
+    """Images with two coloured shapes in two cells of a 3x3 grid, captions "a <colour> <shape> and a
+    <colour> <shape>" in raster order, the objects' boxes in grounding.json, and a FeatureStore whose
+    cell features are noise except the objects' cells, which carry a colour and a shape code.
+    Returns the store folder."""
     from captioning.store.feature_store import FeatureStoreWriter
 
     rng = np.random.default_rng(seed)
@@ -110,30 +116,29 @@ def make_pointing_dataset(root: Path, n: int = 72, seed: int = 0) -> Path:
     meta = {"settings": {"backbone": "synthetic", "weights": "none", "preprocessing": {
         "size": side, "resize": side, "crop": "center", "mean": [0.5] * 3, "std": [0.5] * 3}},
         "kind": "image", "positions": GRID * GRID, "dim": 16, "grid": [GRID, GRID], "dtype": "float16"}
-    writer = FeatureStoreWriter(root / "features", meta, shard_size=32)
+    writer = FeatureStoreWriter(root / "features", meta, shard_size=64)
     for i in range(1, n + 1):
-        c, s, p = (int(v) for v in (rng.integers(3), rng.integers(3), rng.integers(GRID * GRID)))
-        box = [(p % GRID) * CELL + 3, (p // GRID) * CELL + 3, (p % GRID + 1) * CELL - 3, (p // GRID + 1) * CELL - 3]
+        cells = sorted(int(p) for p in rng.choice(GRID * GRID, size=2, replace=False))
         img = Image.new("RGB", (side, side), (128, 128, 128))
-        draw = ImageDraw.Draw(img)
-        if s == 0:
-            draw.rectangle(box, fill=RGB[COLOURS[c]])
-        elif s == 1:
-            draw.ellipse(box, fill=RGB[COLOURS[c]])
-        else:
-            draw.polygon([((box[0] + box[2]) / 2, box[1]), (box[2], box[3]), (box[0], box[3])], fill=RGB[COLOURS[c]])
-        img.save(root / "images" / f"{i:06d}.png")
         feats = rng.normal(0, 0.05, size=(GRID * GRID, 16)).astype(np.float32)
-        feats[p, c] += 1.0
-        feats[p, 3 + s] += 1.0
+        objects, words = [], []
+        for p in cells:
+            c, s = int(rng.integers(3)), int(rng.integers(3))
+            box = [(p % GRID) * CELL + 3, (p // GRID) * CELL + 3, (p % GRID + 1) * CELL - 3, (p // GRID + 1) * CELL - 3]
+            _draw(ImageDraw.Draw(img), SHAPES[s], box, RGB[COLOURS[c]])
+            feats[p, c] += 1.0
+            feats[p, 3 + s] += 1.0
+            objects.append({"box": box, "words": [COLOURS[c], SHAPES[s]], "colour": COLOURS[c], "shape": SHAPES[s],
+                            "rank": len(objects)})
+            words.append(f"a {COLOURS[c]} {SHAPES[s]}")
+        img.save(root / "images" / f"{i:06d}.png")
         writer.add(str(i), feats)
         split = "train" if i <= n * 2 // 3 else "val" if i <= n * 5 // 6 else "test"
-        words = f"{COLOURS[c]} {SHAPES[s]}"
+        text = " and ".join(words)
         splits[split][0].append({"id": i, "file_name": f"{i:06d}.png", "width": side, "height": side})
-        splits[split][1].extend([{"id": 10 * i + k, "image_id": i, "caption": cap}
-                                     for k, cap in enumerate([f"a {words}", f"a {words} .", f"there is a {words}"])])
-        grounding["items"][str(i)] = {"size": [side, side], "objects": [{"box": box, "words": [COLOURS[c], SHAPES[s]],
-                                                                          "colour": COLOURS[c], "shape": SHAPES[s], "rank": 0}]}
+        splits[split][1].extend({"id": 10 * i + k, "image_id": i, "caption": cap}
+                                for k, cap in enumerate([text, f"{text} .", f"there is {text}"]))
+        grounding["items"][str(i)] = {"size": [side, side], "objects": objects}
     writer.close()
     for split, (images, anns) in splits.items():
         (root / "annotations" / f"captions_{split}.json").write_text(json.dumps({"images": images, "annotations": anns}))
@@ -141,11 +146,20 @@ def make_pointing_dataset(root: Path, n: int = 72, seed: int = 0) -> Path:
     return root / "features"
 
 
-TRAIN = ["model=soft_attention", "model.position_code=none", "model.embed_dim=16", "model.hidden_dim=32",
-         "model.attention_dim=16", "model.doubly_stochastic=0.0", "optim.lr=0.01", "optim.warmup_steps=0",
+def _draw(draw: ImageDraw.ImageDraw, shape: str, box: list[int], rgb: tuple[int, int, int]) -> None:
+    if shape == "square":
+        draw.rectangle(box, fill=rgb)
+    elif shape == "circle":
+        draw.ellipse(box, fill=rgb)
+    else:
+        draw.polygon([((box[0] + box[2]) / 2, box[1]), (box[2], box[3]), (box[0], box[3])], fill=rgb)
+
+
+TRAIN = ["model=soft_attention", "model.position_code=learned", "model.embed_dim=32", "model.hidden_dim=64",
+         "model.attention_dim=32", "model.doubly_stochastic=0.0", "optim.lr=0.01", "optim.warmup_steps=0",
          "logger=none", "callbacks.progress=null", "callbacks.early_stopping=null", "callbacks.attention_images=null",
-         "trainer=cpu", "trainer.enable_progress_bar=false", "trainer.max_epochs=6", "data.num_workers=0",
-         "data.batch_size=8"]
+         "trainer=cpu", "trainer.enable_progress_bar=false", "trainer.max_epochs=8", "data.num_workers=0",
+         "data.batch_size=16"]
 
 
 @pytest.fixture(scope="module")
@@ -172,20 +186,8 @@ def evaluated(tmp_path_factory) -> dict:
             "grounding": root / "annotations" / "grounding.json"}
 
 
-def _grounded_words(out: Path, grounding: Path) -> list[tuple[str, int, np.ndarray]]:
-    """(item id, t, attention row [9]) of every word that names its item's object."""
-    from captioning.predictions import read_predictions
-
-    items = json.loads(grounding.read_text())["items"]
-    found = []
-    for e in read_predictions(out / "predictions.json"):
-        named = items[str(e["image_id"])]["objects"][0]["words"]
-        found += [(str(e["image_id"]), t, e["attention"][t]) for t, w in enumerate(e["tokens"]) if w in named]
-    return found
-
-
 def _cell_centre_alphas(page, selector: str) -> np.ndarray:
-    """[3, 3] alpha of the overlay canvas's pixel at each cell centre (the heat there, monotone)."""
+    """[3, 3] alpha of the overlay canvas's pixel at each cell centre (the heat there)."""
     return np.array(page.evaluate("""(sel) => {
         const c = document.querySelector(sel), ctx = c.getContext("2d"), g = 3, cell = c.width / g, out = [];
         for (let r = 0; r < g; r++) for (let k = 0; k < g; k++)
@@ -193,29 +195,42 @@ def _cell_centre_alphas(page, selector: str) -> np.ndarray:
         return out; }""", selector)).reshape(GRID, GRID)
 
 
-def test_hovering_a_word_shows_the_cell_the_attention_file_says(evaluated, browser, tmp_path):
+def _heat_alpha(row: np.ndarray) -> np.ndarray:
+    """The overlay's alpha at the cell centres for weights ``row`` [9] (viewer.js ``paint``, heat style):
+    255 (0.2 + 0.8 w / max w); bilinear upsampling leaves a cell's own weight at its centre."""
+    return np.round(255 * (0.2 + 0.8 * row / row.max())).reshape(GRID, GRID)
+
+
+def check_word(page, panel: int, t: int, row: np.ndarray) -> None:
+    """Hover word t of a panel: the page reports the most attended cell of ``row`` and the canvas
+    holds ``row``'s map (every cell centre)."""
+    page.hover(f"#panel-{panel} .w[data-t='{t}']")
+    want = divmod(int(np.argmax(row)), GRID)
+    assert page.get_attribute(f"#panel-{panel}", "data-argmax") == f"{want[0]},{want[1]}"
+    alphas = _cell_centre_alphas(page, f"#panel-{panel} canvas.overlay")
+    np.testing.assert_allclose(alphas, _heat_alpha(row), atol=1, err_msg=f"word {t}: {row.round(3)}")
+
+
+def test_hovering_a_word_shows_the_cell_the_attention_file_says(evaluated, browser):
+    from captioning.predictions import read_predictions
+
     out = evaluated["out"]
     assert f"attention viewer: {out / 'viewer' / 'index.html'}" in evaluated["stdout"]
-    words = _grounded_words(out, evaluated["grounding"])
-    assert words, "the trained model names no object"
-    checked = 0
-    for key, t, row in words:
-        top = np.sort(row)[::-1]
-        if top[0] - top[1] < 0.02 * top[0]:  # two cells within 2%: the canvas's 8-bit alpha may not tell them apart
-            continue
-        page = open_viewer(browser, out / "viewer" / "index.html", key)
-        page.hover(f"#panel-0 .w[data-t='{t}']")
-        want = divmod(int(np.argmax(row)), GRID)
-        assert page.get_attribute("#panel-0", "data-argmax") == f"{want[0]},{want[1]}"
-        alphas = _cell_centre_alphas(page, "#panel-0 canvas.overlay")
-        assert divmod(int(np.argmax(alphas)), GRID) == want, (alphas, row.reshape(GRID, GRID))
-        assert f"row {want[0] + 1}, column {want[1] + 1} of 3x3" in page.inner_text("#info-0")
-        assert page.errors == []
+    objects = json.loads(evaluated["grounding"].read_text())["items"]
+    elsewhere = named = 0
+    for e in read_predictions(out / "predictions.json")[:4]:
+        page = open_viewer(browser, out / "viewer" / "index.html", str(e["image_id"]))
+        words = {w for o in objects[str(e["image_id"])]["objects"] for w in o["words"]}
+        for t, word in enumerate(e["tokens"]):
+            check_word(page, 0, t, e["attention"][t])
+            cell = divmod(int(np.argmax(e["attention"][t])), GRID)
+            assert f"row {cell[0] + 1}, column {cell[1] + 1} of 3x3" in page.inner_text("#info-0")
+            named += word in words
+            elsewhere += t > 0 and np.argmax(e["attention"][t]) != np.argmax(e["attention"][t - 1])
+        assert page.errors == [] and set(page.requests) == {"file"}
         page.close()
-        checked += 1
-        if checked == 3:
-            break
-    assert checked
+    assert named  # words that name the objects were among those hovered
+    assert elsewhere  # and some word looks elsewhere than the word before it: a map drawn for the wrong word shows
 
 
 def test_the_named_object_is_outlined_and_its_pointing_matches_the_report(evaluated, browser, tmp_path):
@@ -234,7 +249,10 @@ def test_the_named_object_is_outlined_and_its_pointing_matches_the_report(evalua
     stage, drawn = page.locator("#panel-0 .stage").bounding_box(), box.bounding_box()
     assert drawn["x"] - stage["x"] == pytest.approx(g["box"][0] * stage["width"], abs=2)
     assert drawn["width"] == pytest.approx((g["box"][2] - g["box"][0]) * stage["width"], abs=3)
-    page.screenshot(path=str(tmp_path / "viewer.png"))
+    key = page.evaluate("Viewer.state.item.k")
+    page.close()
+    shown = screenshot(browser, out / "viewer" / "index.html", tmp_path / "viewer.png", key)  # docs/img/viewer.jpg's way
+    assert shown["t"] == g["t"] and f'"{shown["word"]}"' in shown["info"]
     assert (tmp_path / "viewer.png").stat().st_size > 10_000
 
 
@@ -251,11 +269,9 @@ def test_compare_view_shows_the_other_checkpoint(evaluated, browser, tmp_path):
     assert page.locator("#panel-1").is_visible()
     key = page.evaluate("Viewer.state.item.k")
     assert page.eval_on_selector_all("#panel-1 .w", "ws => ws.map(w => w.firstChild.textContent)") == theirs[key]["tokens"]
-    t = len(theirs[key]["tokens"]) - 1
-    page.hover(f"#panel-1 .w[data-t='{t}']")
-    row = theirs[key]["attention"][t]
-    assert page.get_attribute("#panel-1", "data-argmax") == "{},{}".format(*divmod(int(np.argmax(row)), GRID))
-    assert page.get_attribute("#panel-1", "data-word") == theirs[key]["tokens"][t]
+    for t, word in enumerate(theirs[key]["tokens"]):  # the other checkpoint's own maps
+        check_word(page, 1, t, theirs[key]["attention"][t])
+        assert page.get_attribute("#panel-1", "data-word") == word
     page.keyboard.press("j")  # the next item, both runs
     page.wait_for_function(f"Viewer.state.item.k !== {json.dumps(key)}")
     assert page.locator("#panel-1").is_visible()
@@ -284,12 +300,14 @@ def test_search_filter_sort_and_keys(evaluated, browser):
 
 @pytest.fixture(scope="module")
 def video_viewer(tmp_path_factory) -> Path:
-    """``captioning-caption``'s viewer of three moving-shapes videos (a tiny decoder, 6 frames each)."""
+    """``captioning-caption``'s viewer of three moving-shapes videos (6 frames each; a tiny untrained decoder
+    whose attention at decoding step s is made to peak at frame s mod 6, so that each word has a map of its own)."""
     from test_caption_cli import _extract, _vocab, save_checkpoint
 
     from captioning.caption.job import CaptionConfig, caption
     from captioning.data.synthetic import generate_moving_shapes
     from captioning.features.backbones import EncoderConfig
+    from captioning.models.attention import AdditiveAttention
     from captioning.models.search import DecodeConfig
     from captioning.viz.viewer import ViewerConfig
 
@@ -302,9 +320,18 @@ def video_viewer(tmp_path_factory) -> Path:
     info = json.loads((root / "annotations" / "videodatainfo.json").read_text())
     ckpt = save_checkpoint(tmp / "video.ckpt", meta, _vocab([s["caption"] for s in info["sentences"]]), {},
                            root / "features")
-    summary = caption(CaptionConfig(ckpt_path=str(ckpt), inputs=[str(root / "videos")], output_dir=str(tmp / "cap"),
-                                    decode=DecodeConfig(beam_size=2, max_length=6), device="cpu", num_workers=0,
-                                    progress=False, viewer=ViewerConfig(enabled=True)))
+    steps = itertools.count()
+
+    def scores(self, h, keys):  # decoding step s attends mostly to frame s mod 6: each word its own frame
+        e = torch.zeros(h.shape[0], keys.shape[1], dtype=h.dtype)
+        e[:, next(steps) % keys.shape[1]] = 3.0
+        return e
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(AdditiveAttention, "scores", scores)
+        summary = caption(CaptionConfig(ckpt_path=str(ckpt), inputs=[str(root / "videos")], output_dir=str(tmp / "cap"),
+                                        decode=DecodeConfig(beam_size=2, max_length=6, min_length=6), device="cpu",
+                                        num_workers=0, progress=False, viewer=ViewerConfig(enabled=True)))
     assert summary.viewer == tmp / "cap" / "viewer" / "index.html"
     return summary.viewer
 
@@ -315,16 +342,17 @@ def test_video_scrubbing_moves_the_large_frame(video_viewer, browser, tmp_path):
     entries = read_predictions(video_viewer.parent.parent / "captions.json")
     page = open_viewer(browser, video_viewer, entries[0]["input"])
     att = np.asarray(entries[0]["attention"])
-    t = len(entries[0]["tokens"]) - 1
-    page.hover(f"#panel-0 .w[data-t='{t}']")
-    top = int(np.argmax(att[t]))
-    assert page.get_attribute("#panel-0", "data-argmax") == str(top)
-    assert page.get_attribute("#panel-0", "data-frame") == str(top)  # the word's most attended frame, large
-    heights = page.eval_on_selector_all("#panel-0 .thumb .bar", "bars => bars.map(b => parseFloat(b.style.height))")
-    assert heights == pytest.approx(list(100 * att[t] / att[t].max()), abs=0.1)
+    assert len({int(np.argmax(row)) for row in att}) > 1  # the words look at different frames
+    for t in range(len(entries[0]["tokens"])):
+        page.hover(f"#panel-0 .w[data-t='{t}']")
+        top = int(np.argmax(att[t]))
+        assert page.get_attribute("#panel-0", "data-argmax") == str(top)
+        assert page.get_attribute("#panel-0", "data-frame") == str(top)  # the word's most attended frame, large
+        heights = page.eval_on_selector_all("#panel-0 .bars .bar", "bars => bars.map(b => parseFloat(b.style.height))")
+        assert heights == pytest.approx(list(100 * att[t] / att[t].max()), abs=0.1)
     frames = entries[0]["frame_indices"]
     for k in (len(frames) - 1, 0, 2):  # scrub: the frame under the cursor is shown large
-        page.hover(f"#panel-0 .thumb[data-k='{k}']")
+        page.hover(f"#panel-0 .frames .thumb[data-k='{k}']")
         assert page.get_attribute("#panel-0", "data-frame") == str(k)
         assert page.inner_text("#panel-0 .frame-label").startswith(f"frame {frames[k]} ({k + 1} of {len(frames)})")
         pos = page.eval_on_selector("#panel-0 .stage", "s => s.style.backgroundPosition")

@@ -18,14 +18,15 @@ from omegaconf import DictConfig
 
 from captioning.caption.job import CaptionConfig, caption
 from captioning.config import CONF_DIR, cli_errors, to_config
-from captioning.viz.viewer import switch_overrides
+from captioning.viz.viewer import viewer_switch
 
 __all__ = ["CaptionConfig", "main"]
 
 
+@viewer_switch  # viewer=true: conf/viewer/true.yaml (Hydra alone would read a boolean)
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="caption")
 @cli_errors
-def _main(raw: DictConfig) -> None:
+def main(raw: DictConfig) -> None:
     cfg = to_config(raw, CaptionConfig)
     summary = caption(cfg)
     out = Path(summary.output_dir)
@@ -35,11 +36,6 @@ def _main(raw: DictConfig) -> None:
         print(f"attention viewer: {summary.viewer} (open it in a browser)", flush=True)
     if summary.failed:
         sys.exit(1)
-
-
-def main() -> None:
-    sys.argv = switch_overrides(sys.argv)  # viewer=true -> viewer.enabled=true
-    _main()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@
   crop the heatmaps draw; a video's frames side by side in one JPEG).
 """
 
-from captioning.viz.viewer.config import ViewerConfig, switch_overrides
+from captioning.viz.viewer.config import ViewerConfig, switch_overrides, viewer_switch
 from captioning.viz.viewer.items import (
     Layout,
     ViewerItem,
@@ -30,6 +30,6 @@ from captioning.viz.viewer.items import (
 )
 from captioning.viz.viewer.writer import RunInfo, ViewerWriter, encode_attention
 
-__all__ = ["ViewerConfig", "switch_overrides", "Layout", "ViewerItem", "ViewerRun", "entry_key", "infer_layout",
+__all__ = ["ViewerConfig", "switch_overrides", "viewer_switch", "Layout", "ViewerItem", "ViewerRun", "entry_key", "infer_layout",
            "layout_of_meta", "layout_of_result", "read_compare", "run_of_result", "RunInfo", "ViewerWriter",
            "encode_attention"]

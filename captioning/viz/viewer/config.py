@@ -8,14 +8,17 @@ command line: ``viewer=true`` selects ``conf/viewer/true.yaml``, as a user would
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from captioning.errors import ConfigError
 
-__all__ = ["ViewerConfig", "switch_overrides"]
+__all__ = ["ViewerConfig", "switch_overrides", "viewer_switch"]
 
 
 @dataclass
@@ -51,3 +54,15 @@ def switch_overrides(argv: Sequence[str], group: str = "viewer") -> list[str]:
     switch = re.compile(rf"^{re.escape(group)}=((?:true|false)(?:,(?:true|false))*)$", re.IGNORECASE)
     return [f"{group}=" + ",".join(f"'{v.lower()}'" for v in m.group(1).split(",")) if (m := switch.match(arg)) else arg
             for arg in argv]
+
+
+def viewer_switch(main: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator of a Hydra entry point (above ``@hydra.main``): ``viewer=true`` on the command line
+    selects ``conf/viewer/true.yaml`` (``switch_overrides`` is applied to ``sys.argv`` first)."""
+
+    @functools.wraps(main)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        sys.argv = switch_overrides(sys.argv)
+        return main(*args, **kwargs)
+
+    return wrapper

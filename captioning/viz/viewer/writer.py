@@ -157,7 +157,7 @@ class ViewerWriter:
         self._flush()
         index = {"version": FORMAT_VERSION, "title": self.title, "kind": self.kind, "count": len(self.index),
                  "page_size": self.cfg.page_size, "pages": self.pages, "runs": self.runs,
-                 "metrics": sorted({k for e in self.index for m in e["m"] for k in m}), "items": self.index}
+                 "metrics": list(dict.fromkeys(k for e in self.index for m in e["m"] for k in m)), "items": self.index}
         _write_js(self.root / "data" / "index.js", "Viewer.index", None, index)
         static = resources.files("captioning.viz.viewer") / "static"
         for name in STATIC_FILES:

@@ -103,7 +103,7 @@ const Viewer = (() => {
     const m = ($("sort").value || "").split(":")[0] || S.index.metrics[0];
     $("list").innerHTML = S.order.slice(0, MAX_ROWS).map((i, p) => {
       const e = S.index.items[i], g = e.g[0], v = m && e.m[0] ? e.m[0][m] : null;
-      return `<div class="row" data-pos="${p}"><span class="id">${esc(e.k)}</span>` +
+      return `<div class="row" data-pos="${p}"><span class="id" title="${esc(e.k)}">${esc(String(e.k).split("/").pop())}</span>` +
         `<span class="cap">${esc(e.c[0] || "")}</span>` +
         (v == null ? "" : `<span class="metric" title="${esc(m)}">${v.toFixed(2)}</span>`) +
         (g ? `<span class="pt">${g[0]}&#10003; ${g[1]}&#10007;</span>` : "") + "</div>";
@@ -197,11 +197,13 @@ const Viewer = (() => {
     }
     const k = (it.fi || []).length || lay.frames || 1;
     const sprite = it.img ? `background-image:url('${it.img}');background-size:${100 * k}% 100%;` : "";
+    const bars = Array.from({length: k}, (_, i) => `<div class="thumb" data-k="${i}"><i class="bar"></i></div>`).join("");
     const thumbs = Array.from({length: k}, (_, i) =>
       `<div class="thumb" data-k="${i}" style="${sprite}background-position:${k > 1 ? (100 * i / (k - 1)).toFixed(4) : 0}% 0">` +
-      `<i class="bar"></i><span>${it.fi ? it.fi[i] : i}</span></div>`).join("");
+      `<span>${it.fi ? it.fi[i] : i}</span></div>`).join("");
     return `<div class="stage frame" style="padding-top:${ratio}%;${sprite}"><canvas class="overlay"></canvas>` +
-      `<div class="marker" hidden></div></div><p class="frame-label"></p><div class="strip">${thumbs}</div>${note}`;
+      `<div class="marker" hidden></div></div><p class="frame-label"></p>` +
+      `<div class="strip bars">${bars}</div><div class="strip frames">${thumbs}</div>${note}`;
   }
 
   // ------------------------------------------------------------------ showing a word
@@ -265,7 +267,7 @@ const Viewer = (() => {
   function paint(data, i, v) {  // one overlay pixel for heat v: coloured (heat) or dimming the rest (spotlight)
     if ($("style").value === "spotlight") { data[i] = data[i + 1] = data[i + 2] = 0; data[i + 3] = Math.round(230 * (1 - v)); return; }
     const [r, g, b] = colour(v);
-    data[i] = r; data[i + 1] = g; data[i + 2] = b; data[i + 3] = Math.round(255 * (0.35 + 0.65 * v));
+    data[i] = r; data[i + 1] = g; data[i + 2] = b; data[i + 3] = Math.round(255 * (0.2 + 0.8 * v));
   }
 
   function drawGrid(canvas, marker, row, grid, panel) {
@@ -313,13 +315,15 @@ const Viewer = (() => {
   }
 
   function drawFrames(panel, row, lay, rs, g) {
-    const k = panel.querySelectorAll(".thumb").length, canvas = panel.querySelector("canvas.overlay");
+    const k = panel.querySelectorAll(".frames .thumb").length, canvas = panel.querySelector("canvas.overlay");
     const marker = panel.querySelector(".marker");
     const weights = row ? perFrame(row, lay) : meanFrames(rs, lay, k), top = argmax(Array.from(weights));
     const max = Math.max(...weights) || 1, inEvent = new Set(g && g.frames ? g.frames : []);
-    panel.querySelectorAll(".thumb").forEach((th, i) => {
-      th.querySelector(".bar").style.height = `${(100 * (weights[i] || 0) / max).toFixed(1)}%`;
-      th.classList.toggle("top", i === top && !!row);
+    panel.querySelectorAll(".bars .bar").forEach((bar, i) => {
+      bar.style.height = `${(100 * (weights[i] || 0) / max).toFixed(1)}%`;
+      bar.classList.toggle("top", i === top && !!row);
+    });
+    panel.querySelectorAll(".frames .thumb").forEach((th, i) => {
       th.classList.toggle("now", i === S.frame);
       th.classList.toggle("event", inEvent.has(i));
     });
