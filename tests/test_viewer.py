@@ -176,3 +176,14 @@ def test_word_grounding_by_hand():
     item = SimpleNamespace(valid=5, frame_indices=(0, 3, 6, 9, 12), boxes=None, image_size=None)
     got = ground("v", ["red"], np.array([[0.1, 0.1, 0.5, 0.2, 0.1]]), Layout("frames", None, 5, 1), item)
     assert got == [{"t": 0, "hit": True, "mass": 0.7, "frames": [2, 3]}]  # frames 6 and 9 lie in [4, 10)
+
+
+def test_make_demo_prints_where_its_viewer_is(tmp_path, capsys):
+    from captioning import demo
+    from captioning.utils.io import atomic_write_json
+
+    for split in ("val", "test"):
+        atomic_write_json(tmp_path / "eval" / split / "metrics.json", {"Bleu_4": 0.9, "CIDEr": 7.5})
+        atomic_write_json(tmp_path / "eval" / split / "report.json", {})
+    demo.print_summary(tmp_path, "run", "run/best.ckpt", 60.0)
+    assert f"attention viewer: {tmp_path}/eval/test/viewer/index.html" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """The attention viewer in a real browser: headless Chromium (Debian's package, installed by .ci/run)
 driven by Playwright with the system browser (``executable_path``; Playwright's own browser download
-is never used).  Skipped, with one line, where Chromium is not installed.
+is never used).  Skipped, with one line, where Chromium is not installed (in CI, ``CI=true``, that is an
+error: .ci/run installs it).
 
 * a tiny model trained through the CLIs on images with one coloured shape in one cell of a 3x3
   grid (its features carry the object's colour and shape in that cell): its evaluation viewer,
@@ -82,7 +83,7 @@ def screenshot(ctx, index_html: Path, out_png: Path, key: str | None = None) -> 
     return shown
 
 
-if CHROMIUM is None:
+if CHROMIUM is None and not os.environ.get("CI"):  # CI (.ci/run installs it): every test fails instead
     pytest.skip("Chromium not found (apt-get install chromium): the viewer's browser tests are skipped",
                 allow_module_level=True)
 pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install -e '.[dev]')")
@@ -91,6 +92,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
+    if CHROMIUM is None:
+        pytest.fail("Chromium not found in CI: .ci/run installs it (apt-get install chromium)", pytrace=False)
     pw, ctx = open_browser(tmp_path_factory.mktemp("chromium-profile"))
     yield ctx
     ctx.close()
@@ -211,7 +214,7 @@ def check_word(page, panel: int, t: int, row: np.ndarray) -> None:
     np.testing.assert_allclose(alphas, _heat_alpha(row), atol=1, err_msg=f"word {t}: {row.round(3)}")
 
 
-def test_hovering_a_word_shows_the_cell_the_attention_file_says(evaluated, browser):
+def test_hovering_a_word_shows_the_cell_the_attention_file_says(browser, evaluated):
     from captioning.predictions import read_predictions
 
     out = evaluated["out"]
@@ -233,7 +236,7 @@ def test_hovering_a_word_shows_the_cell_the_attention_file_says(evaluated, brows
     assert elsewhere  # and some word looks elsewhere than the word before it: a map drawn for the wrong word shows
 
 
-def test_the_named_object_is_outlined_and_its_pointing_matches_the_report(evaluated, browser, tmp_path):
+def test_the_named_object_is_outlined_and_its_pointing_matches_the_report(browser, evaluated, tmp_path):
     out, report = evaluated["out"], evaluated["report"]["grounding"]
     page = open_viewer(browser, out / "viewer" / "index.html")
     items = page.evaluate("Viewer.state.index.items")
@@ -256,7 +259,7 @@ def test_the_named_object_is_outlined_and_its_pointing_matches_the_report(evalua
     assert (tmp_path / "viewer.png").stat().st_size > 10_000
 
 
-def test_compare_view_shows_the_other_checkpoint(evaluated, browser, tmp_path):
+def test_compare_view_shows_the_other_checkpoint(browser, evaluated, tmp_path):
     from captioning.predictions import read_predictions
 
     out = evaluated["out"]
@@ -279,7 +282,7 @@ def test_compare_view_shows_the_other_checkpoint(evaluated, browser, tmp_path):
     assert page.errors == []
 
 
-def test_search_filter_sort_and_keys(evaluated, browser):
+def test_search_filter_sort_and_keys(browser, evaluated):
     page = open_viewer(browser, evaluated["out"] / "viewer" / "index.html")
     items = page.evaluate("Viewer.state.index.items")
     word = items[0]["c"][0].split()[-1]
@@ -336,7 +339,7 @@ def video_viewer(tmp_path_factory) -> Path:
     return summary.viewer
 
 
-def test_video_scrubbing_moves_the_large_frame(video_viewer, browser, tmp_path):
+def test_video_scrubbing_moves_the_large_frame(browser, video_viewer, tmp_path):
     from captioning.predictions import read_predictions
 
     entries = read_predictions(video_viewer.parent.parent / "captions.json")
