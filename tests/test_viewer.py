@@ -187,3 +187,29 @@ def test_make_demo_prints_where_its_viewer_is(tmp_path, capsys):
         atomic_write_json(tmp_path / "eval" / split / "report.json", {})
     demo.print_summary(tmp_path, "run", "run/best.ckpt", 60.0)
     assert f"attention viewer: {tmp_path}/eval/test/viewer/index.html" in capsys.readouterr().out
+
+
+def test_caption_results_with_another_run_to_compare(tmp_path):
+    """captioning-caption's viewer: each result an item, the other run's captions.json matched by input."""
+    from captioning.caption.api import CaptionResult
+    from captioning.predictions import write_predictions
+    from captioning.viz.viewer.results import ResultsViewer
+
+    other = tmp_path / "other"
+    other.mkdir()
+    write_predictions(other, [{"input": "b.jpg", "caption": "x", "tokens": ["x"]}], [np.full((1, 4), 0.25)],
+                      name="captions.json")
+    captioner = SimpleNamespace(kind="image", regions=False, grid=(2, 2), hard_attention=False, source="run/best.ckpt",
+                                feature_meta={"kind": "image", "grid": [2, 2]})
+    viewer = ResultsViewer(tmp_path, ViewerConfig(compare=str(other / "captions.json")), captioner, "caps")
+    results = [CaptionResult("a.jpg", "image", error="unreadable"),
+               CaptionResult("b.jpg", "image", caption="y z", tokens=["y", "z"], attention=np.eye(2, 4),
+                             attention_shape=[2, 2], image=np.zeros((8, 8, 3), np.uint8), score=-1.0)]
+    assert list(viewer.tap(results)) == results  # passed on unchanged
+    root = viewer.close().parent
+    (ix,) = _load_js(root / "data" / "index.js")
+    assert [r["name"] for r in ix["runs"]] == ["best.ckpt", "other"]
+    assert ix["runs"][0]["layout"] == {"type": "grid", "grid": [2, 2], "frames": None, "cells": 1}
+    assert [e["c"] for e in ix["items"]] == [["y z", "x"]]  # the failed input is left out
+    _, (item,) = _load_js(root / "data" / "page-0000.js")
+    assert [r["tok"] for r in item["r"]] == [["y", "z"], ["x"]] and item["img"] == "images/000000.jpg"

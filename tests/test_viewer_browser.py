@@ -26,7 +26,6 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import quote
 
@@ -37,6 +36,8 @@ from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import run_cli  # noqa: E402
+
+from captioning.viz.viewer import Layout, RunInfo, ViewerConfig, ViewerItem, ViewerRun, ViewerWriter  # noqa: E402
 
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -312,7 +313,6 @@ def video_viewer(tmp_path_factory) -> Path:
     from captioning.features.backbones import EncoderConfig
     from captioning.models.attention import AdditiveAttention
     from captioning.models.search import DecodeConfig
-    from captioning.viz.viewer import ViewerConfig
 
     tmp = tmp_path_factory.mktemp("viewer_videos")
     root = tmp / "moving_shapes"
@@ -367,15 +367,17 @@ def test_video_scrubbing_moves_the_large_frame(browser, video_viewer, tmp_path):
 
 
 def test_region_boxes_are_shaded_and_the_most_attended_one_marked(browser, tmp_path):
-    from captioning.viz.viewer import Layout, RunInfo, ViewerConfig, ViewerItem, ViewerRun, ViewerWriter
-
     boxes = np.array([[0, 0, 50, 40], [50, 40, 100, 80], [10, 50, 40, 80]], dtype=np.float64)
     att = np.array([[0.2, 0.7, 0.1], [0.6, 0.1, 0.3]])
     writer = ViewerWriter(tmp_path, ViewerConfig(enabled=True), [RunInfo("regions", "-", Layout("regions"))],
                           kind="image", title="regions")
-    writer.add(ViewerItem("1", [ViewerRun(["red", "square"], att)], pixels=np.full((80, 100, 3), 200, np.uint8),
-                          boxes=boxes, image_size=(100, 80)))
+    run = ViewerRun(["red", "square"], att, log_probs=[-0.1, -2.0], nbest=[("red square", -2.1), ("red circle", -3.5)])
+    writer.add(ViewerItem("1", [run], pixels=np.full((80, 100, 3), 200, np.uint8), boxes=boxes, image_size=(100, 80)))
     page = open_viewer(browser, writer.close())
+    # each word's probability as its underline's width, the n best captions with their scores
+    widths = page.eval_on_selector_all("#panel-0 .w .lp", "ls => ls.map(l => l.style.width)")
+    assert widths == [f"{100 * np.exp(-0.1):.0f}%", f"{100 * np.exp(-2.0):.0f}%"]
+    assert page.inner_text("#panel-0 .nbest").split("\n") == ["-2.100 red square", "-3.500 red circle"]
     for t in (0, 1):
         page.hover(f"#panel-0 .w[data-t='{t}']")
         a = int(np.argmax(att[t]))
@@ -388,8 +390,6 @@ def test_region_boxes_are_shaded_and_the_most_attended_one_marked(browser, tmp_p
 def test_a_5000_item_viewer_is_ready_in_under_3_s(browser, tmp_path):
     """5,000 items of 12 words over a 14x14 grid (the size of a COCO test split at the demo's
     grid): written without a model, opened from disk, the first item shown."""
-    from captioning.viz.viewer import Layout, RunInfo, ViewerConfig, ViewerItem, ViewerRun, ViewerWriter
-
     rng = np.random.default_rng(0)
     words = ["a", "red", "green", "blue", "circle", "square", "and", "star", "cross", "white", "on", "left"]
     pixels = rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)
