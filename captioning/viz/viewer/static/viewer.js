@@ -373,7 +373,7 @@ const Viewer = (() => {
   }
 
   function keys(ev) {
-    if (ev.target.tagName === "INPUT" && ev.key !== "Escape") return;
+    if (["INPUT", "SELECT"].includes(ev.target.tagName) && ev.key !== "Escape") return;  // typing in a control
     const k = S.item && S.item.fi ? S.item.fi.length : 0;
     const act = {j: () => select(S.pos + 1), ArrowDown: () => select(S.pos + 1), k: () => select(S.pos - 1),
       ArrowUp: () => select(S.pos - 1), l: () => step(1), ArrowRight: () => step(1), h: () => step(-1),
