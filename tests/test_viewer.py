@@ -88,6 +88,11 @@ def test_layouts():
     assert infer_layout(8, frames) == frames
     assert infer_layout(8 * 16, frames) == Layout("frames", (4, 4), 8, 16)
     assert infer_layout(12, frames) == Layout("positions")
+    from captioning.viz.viewer.results import stream_names
+
+    assert stream_names({"streams": [{"encoder": {"name": "resnet50"}}, {"settings": {"backbone": "r3d_18"}}]}) == [
+        "resnet50", "r3d_18"]
+    assert stream_names({"kind": "video"}) is None
 
 
 def _write(out: Path, n: int, page_size: int, **kw) -> Path:

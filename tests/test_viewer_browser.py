@@ -387,6 +387,31 @@ def test_region_boxes_are_shaded_and_the_most_attended_one_marked(browser, tmp_p
         assert marker["y"] - stage["y"] == pytest.approx(boxes[a, 1] / 80 * stage["height"], abs=1.5)
 
 
+def test_grid_video_features_show_each_frames_cells(browser, tmp_path):
+    """Video features with a grid per frame (frame-major K*h*w positions, 3-D encoders): the bars are the
+    frames' summed weights, the large frame carries its own cells."""
+    rng = np.random.default_rng(1)
+    att = rng.dirichlet(np.full(3 * 4, 0.3), size=2)  # 2 words over 3 frames x 2x2 cells
+    writer = ViewerWriter(tmp_path, ViewerConfig(enabled=True), [RunInfo("3d", "-", Layout("frames", (2, 2), 3, 4))],
+                          kind="video", title="grid video")
+    writer.add(ViewerItem("v", [ViewerRun(["red", "ball"], att)], pixels=np.full((3, 32, 32, 3), 90, np.uint8),
+                          frame_indices=[0, 8, 16]))
+    page = open_viewer(browser, writer.close())
+    for t in (0, 1):
+        page.click(f"#panel-0 .w[data-t='{t}']")  # pinned: it stays while the frames are scrubbed
+        frames = att[t].reshape(3, 4).sum(1)
+        top = int(np.argmax(frames))
+        assert page.get_attribute("#panel-0", "data-argmax") == str(top)
+        heights = page.eval_on_selector_all("#panel-0 .bars .bar", "bars => bars.map(b => parseFloat(b.style.height))")
+        assert heights == pytest.approx(list(100 * frames / frames.max()), abs=0.1)
+        for k in range(3):
+            page.hover(f"#panel-0 .frames .thumb[data-k='{k}']")
+            cell = int(np.argmax(att[t].reshape(3, 4)[k]))
+            stage, marker = page.locator("#panel-0 .stage").bounding_box(), page.locator("#panel-0 .marker").bounding_box()
+            assert (marker["x"] - stage["x"], marker["y"] - stage["y"]) == pytest.approx(
+                ((cell % 2) * stage["width"] / 2, (cell // 2) * stage["height"] / 2), abs=1.5)
+
+
 def test_a_5000_item_viewer_is_ready_in_under_3_s(browser, tmp_path):
     """5,000 items of 12 words over a 14x14 grid (the size of a COCO test split at the demo's
     grid): written without a model, opened from disk, the first item shown."""

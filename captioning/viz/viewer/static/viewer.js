@@ -215,9 +215,10 @@ const Viewer = (() => {
   }
 
   function show(word) {
+    const other = word && (!S.word || word.r !== S.word.r || word.t !== S.word.t);
     S.word = word;
     const it = S.item;
-    if (word) {  // a word with temporal attention moves the large frame to its most attended frame
+    if (other) {  // another word with temporal attention: the large frame moves to its most attended frame
       const lay = S.index.runs[word.r].layout, rs = rows(it.r[word.r]);
       if (lay.type === "frames" && rs) setFrame(argmax(Array.from(perFrame(rs[word.t], lay))), false);
     }
