@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> None:
     summary = read_json(Path(run, "train_summary.json"), "training summary")
     ckpt = summary["best_checkpoint"] or summary["last_checkpoint"]
     for split in ("val", "test"):
+        viewer = ["viewer=true", "decode.n_best=3"] if split == "test" else []  # the attention viewer, 3 best captions
         step(f"4/5 evaluate on {split} (beam 3)", "evaluate", f"ckpt_path={ckpt}", f"split={split}",
              "decode.beam_size=3", f"output_dir={out}/eval/{split}", f"hydra.run.dir={out}/hydra/evaluate-{split}",
-             "trainer.enable_progress_bar=false")
+             "trainer.enable_progress_bar=false", *viewer)
     test_ann = read_json(Path(root, "annotations", "captions_test.json"), "test annotations")
     images = [f"{root}/images/{im['file_name']}" for im in test_ann["images"][:12]]
     step("5/5 caption images with attention heatmaps", "caption", f"ckpt_path={ckpt}",
@@ -103,6 +104,7 @@ def print_summary(out: Path, run: str, ckpt: str, seconds: float) -> None:
               "how often the most attended cell lies in the object a colour or shape word names")
     print(f"  report:          {out}/eval/test/report.md (metrics by caption length, grounding)")
     print(f"  captions + maps: {out}/captions/captions.json, {out}/captions/index.html")
+    print(f"  attention viewer: {out}/eval/test/viewer/index.html (open it in a browser: hover a word)")
     print(f"  logs:            {run}/tensorboard (tensorboard --logdir {run})")
 
 if __name__ == "__main__":

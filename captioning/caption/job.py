@@ -14,7 +14,8 @@ data config.
 Writes into ``output_dir`` (``captioning.viz.gallery.write_gallery``): ``captions.json`` (one
 entry per input, ``"error"`` for the inputs that failed), ``figures/<NNNN>_<name>.png`` (images:
 the crop the model saw, then one heatmap panel per word; videos: a frame strip above the words x
-frames alignment; hard-attention models mark the argmax location) and ``index.html``.
+frames alignment; hard-attention models mark the argmax location) and ``index.html``; with
+``viewer=true`` also ``viewer/index.html``, the interactive attention viewer (``captioning.viz.viewer``).
 
 Files in folders that are neither images nor videos (or of the kind the checkpoint does not
 caption) are skipped with a note; such files named explicitly, missing paths and unreadable
@@ -37,6 +38,8 @@ from captioning.models.search import DecodeConfig
 from captioning.provenance import provenance, write_provenance
 from captioning.store.feature_store import store_id
 from captioning.viz.gallery import write_gallery
+from captioning.viz.viewer import ViewerConfig
+from captioning.viz.viewer.results import ResultsViewer
 
 
 @dataclass
@@ -52,6 +55,7 @@ class CaptionConfig:
     max_items: int | None = None  # caption at most this many media items
     recursive: bool = True  # look into sub-folders of folder inputs
     progress: bool = True
+    viewer: ViewerConfig = field(default_factory=ViewerConfig)  # viewer=true: <output_dir>/viewer/ (docs/viewer.md)
 
 
 @dataclass
@@ -60,6 +64,7 @@ class CaptionSummary:
     captioned: int
     failed: int
     entries: list[dict[str, Any]]
+    viewer: Path | None = None  # viewer/index.html when viewer=true
 
 
 def caption(cfg: CaptionConfig) -> CaptionSummary:
@@ -80,10 +85,13 @@ def caption(cfg: CaptionConfig) -> CaptionSummary:
     results = (captioner.iter_split(cfg.store_split, **options) if cfg.store_split is not None else
                captioner.iter_caption(cfg.inputs, recursive=cfg.recursive, exclude=out,
                                       num_workers=cfg.num_workers, **options))
-    entries = write_gallery(results, out, title=f"Captions by {Path(cfg.ckpt_path).name}")
+    title = f"Captions by {Path(cfg.ckpt_path).name}"
+    viewer = ResultsViewer(out, cfg.viewer, captioner, title) if cfg.viewer.wanted else None
+    entries = write_gallery(results if viewer is None else viewer.tap(results), out, title=title)
+    viewer_path = None if viewer is None else viewer.close()
     write_provenance(out, provenance(store=store_id(captioner.feature_meta),
                                      checkpoints=captioner.module.checkpoint_runs), ("captions.json",))
     failed = [e for e in entries if "error" in e]
     for e in failed:
         print(f"failed: {e['input']}: {e['error']}", file=sys.stderr, flush=True)
-    return CaptionSummary(str(out), len(entries) - len(failed), len(failed), entries)
+    return CaptionSummary(str(out), len(entries) - len(failed), len(failed), entries, viewer_path)

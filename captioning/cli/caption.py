@@ -18,10 +18,12 @@ from omegaconf import DictConfig
 
 from captioning.caption.job import CaptionConfig, caption
 from captioning.config import CONF_DIR, cli_errors, to_config
+from captioning.viz.viewer import viewer_switch
 
 __all__ = ["CaptionConfig", "main"]
 
 
+@viewer_switch  # viewer=true: conf/viewer/true.yaml (Hydra alone would read a boolean)
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="caption")
 @cli_errors
 def main(raw: DictConfig) -> None:
@@ -30,6 +32,8 @@ def main(raw: DictConfig) -> None:
     out = Path(summary.output_dir)
     print(f"captioned {summary.captioned} input(s), {summary.failed} failed; results in {out}/: "
           f"captions.json, figures/, index.html (open {out / 'index.html'})", flush=True)
+    if summary.viewer is not None:
+        print(f"attention viewer: {summary.viewer} (open it in a browser)", flush=True)
     if summary.failed:
         sys.exit(1)
 

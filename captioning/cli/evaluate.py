@@ -19,12 +19,14 @@ from omegaconf import DictConfig
 
 from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
 from captioning.evaluation.job import EvaluateConfig, evaluate
+from captioning.viz.viewer import viewer_switch
 
 __all__ = ["EvaluateConfig", "main"]
 
 register_schema("evaluate_schema", EvaluateConfig)
 
 
+@viewer_switch  # viewer=true: conf/viewer/true.yaml (Hydra alone would read a boolean)
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")
 @cli_errors
 def main(raw: DictConfig) -> None:

@@ -32,6 +32,7 @@ from captioning.evaluation.grounding import evaluate_grounding
 from captioning.evaluation.report import metrics_by_length, vocabulary_usage, write_report
 from captioning.evaluation.server import check_request, coco_image_set, write_coco_results
 from captioning.evaluation.structure import evaluate_structure
+from captioning.evaluation.viewer import write_viewer
 from captioning.metrics import compute_metrics, default_metrics
 from captioning.models.decoders import run_tag
 from captioning.models.search import DecodeConfig
@@ -46,6 +47,7 @@ from captioning.train.checkpoint import (
 )
 from captioning.train.module import gather_objects
 from captioning.utils.io import atomic_write_json, read_json
+from captioning.viz.viewer import ViewerConfig
 
 log = logging.getLogger("captioning.evaluate")
 
@@ -66,6 +68,7 @@ class EvaluateConfig:
     max_items: int | None = None
     server: str | None = None  # coco: also write the evaluation server's file (captioning.evaluation.server)
     server_alg: str | None = None  # <alg> of its name; default: the run's folder name
+    viewer: ViewerConfig = field(default_factory=ViewerConfig)  # viewer=true: <output_dir>/viewer/ (docs/viewer.md)
 
 
 def checkpoint_paths(ckpt_path: Any) -> list[str]:
@@ -131,6 +134,8 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     ranks); its ``seconds`` say where the time went (set-up, decode, score and each metric, write,
     report)."""
     laps = Laps()
+    if cfg.viewer.wanted:
+        cfg.viewer.validate()  # before the decoding, not after it
     decoded = decode_split(cfg, laps)
     if decoded is None:
         return None
@@ -154,8 +159,15 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     files = ("results.json", "metrics.json", "predictions.json") + ((ATTENTION_FILE,) if (out / ATTENTION_FILE).is_file() else ())
     write_provenance(out, meta["provenance"], files)
     laps.lap("report")  # grounding, structure, metrics by length, vocabulary usage, report files
+    viewer = None
+    if cfg.viewer.wanted:  # the attention viewer (captioning.evaluation.viewer)
+        viewer = write_viewer(cfg.viewer, decoded, out, result.per_item, grounding=cfg.grounding,
+                              title=f"{run_name(decoded.paths)}: {decoded.data_cfg.name} {cfg.split}")
+        laps.lap("viewer")
     log.info("evaluation seconds: %s", ", ".join(f"{k} {v:.1f}" for k, v in laps.seconds.items()))
     print_table(scores, grounding, out, structure)
+    if viewer is not None:
+        print(f"attention viewer: {viewer} (open it in a browser)", flush=True)
     return {"output_dir": str(out), "metrics": scores, "grounding": grounding, "structure": structure,
             "items": len(decoded.order), "seconds": {k: round(v, 3) for k, v in laps.seconds.items()}}
 
