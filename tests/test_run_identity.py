@@ -11,6 +11,7 @@ import csv
 import hashlib
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -400,11 +401,24 @@ def test_a_rerun_with_another_setting_is_refused_and_leaves_the_folder_as_it_was
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "is being trained by another process" in errors[0]
     assert snapshot(run) == before
-    # the same settings with a larger budget continue it
+    # a larger budget is another run while the cosine schedule spans the budget: refused, naming
+    # the schedule's length the run resolved (and recorded in run.json and its checkpoints)
     proc = run_cli("train", *args(tiny, "optim.lr=1e-3", "trainer.max_epochs=3", f"hydra.run.dir={run}"),
-                   env={"OMP_NUM_THREADS": "1"})
+                   check=False, env={"OMP_NUM_THREADS": "1"})
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "trainer.max_epochs 2 -> 3" in errors[0] and f"optim.schedule_steps={STEPS}" in errors[0]
+    assert snapshot(run) == before
+    # continued on that schedule, with the dataset moved (copied elsewhere): the same run resumes
+    moved = {"root": tmp_path / "moved" / "tiny", "features_dir": tmp_path / "moved" / "tiny" / "features" / "synthetic"}
+    shutil.copytree(tiny["root"], moved["root"])
+    proc = run_cli("train", *args(moved, "optim.lr=1e-3", "trainer.max_epochs=3", f"optim.schedule_steps={STEPS}",
+                                  f"hydra.run.dir={run}"), env={"OMP_NUM_THREADS": "1"})
     assert f"resuming from {run / 'checkpoints' / 'last.ckpt'} (step {STEPS})" in proc.stdout + proc.stderr
-    assert json.loads((run / "train_summary.json").read_text())["global_step"] == STEPS + 5
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["global_step"] == STEPS + 5 and summary["schedule_steps"] == STEPS
+    # best.ckpt, carried through the resume: the best ranked checkpoint, the same file
+    assert os.path.samefile(run / "checkpoints" / "best.ckpt", summary["best_checkpoint"])
 
 
 @pytest.mark.slow
@@ -470,3 +484,91 @@ def test_a_failed_sweep_job_is_a_row_with_its_error_and_the_others_train(tiny, t
     assert ok["status"] == "COMPLETED" and int(ok["global_step"]) == STEPS and ok["differs"] == "model.dropout=0.1"
     assert bad["status"] == "FAILED" and bad["differs"] == "model.dropout=1.5"
     assert bad["error"] == "JobFailed: model.dropout must be in [0, 1] (got 1.5)"
+
+
+def other_store(data: dict, dest: Path) -> Path:
+    """The same features written with other encoder settings: another store (another store_id)."""
+    import numpy as np
+
+    from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+
+    src = FeatureStore.open(data["features_dir"])
+    writer = FeatureStoreWriter(dest, {**dict(src.meta), "settings": {"backbone": "other", "weights": "none"}},
+                                shard_size=16)
+    for item_id in src.ids:
+        writer.add(item_id, np.asarray(src[item_id].features, np.float32))
+    writer.close()
+    return dest
+
+
+def sweep_runs(sweep: Path) -> dict[str, dict]:
+    """Each job folder of a sweep -> its train_summary.json, run.json and composed config."""
+    from omegaconf import OmegaConf
+
+    return {p.name: {"summary": json.loads((p / "train_summary.json").read_text()),
+                     "record": json.loads((p / "run.json").read_text()),
+                     "config": OmegaConf.to_container(OmegaConf.load(p / ".hydra" / "config.yaml"))}
+            for p in sorted(sweep.iterdir()) if (p / "train_summary.json").is_file()}
+
+
+@pytest.mark.slow
+def test_a_sweep_over_the_budget_the_callbacks_and_the_store_trains_every_job_from_scratch(tiny, tmp_path):
+    """``-m trainer.max_epochs=1,2 callbacks=[default,swa],default features_dir=A,B``: 8 runs, 8 folders,
+    each trained from step 0 over its own whole budget (the budget is part of a run whose cosine
+    schedule spans it; SWA replaces the weights; the store's identity is part of the run)."""
+    sweep, store_b = tmp_path / "sweep", other_store(tiny, tmp_path / "store_b")
+    stores = f"features_dir={tiny['features_dir']},{store_b}"
+    base = [a for a in args(tiny) if not a.startswith("features_dir=")]
+    run_cli("train", "-m", *base, "trainer.max_epochs=1,2", "callbacks=[default,swa],default", stores,
+            f"hydra.sweep.dir={sweep}", env={"OMP_NUM_THREADS": "1"})
+    runs = sweep_runs(sweep)
+    assert len(runs) == 8 and len({r["summary"]["fingerprint"] for r in runs.values()}) == 8, sorted(runs)
+    for name, r in runs.items():
+        epochs = r["config"]["trainer"]["max_epochs"]
+        assert r["summary"]["global_step"] == 5 * epochs, name  # from scratch, its own budget
+        assert name.endswith(r["summary"]["fingerprint"]) and r["record"]["run"]["fingerprint"] == name[-10:]
+        assert r["record"]["run"]["schedule_steps"] == 5 * epochs  # each its own schedule
+    assert all(row["status"] == "COMPLETED" for row in summary_rows(sweep))
+
+    def folder(epochs: int, swa: bool, store: Path) -> Path:
+        (name,) = [n for n, r in runs.items() if r["config"]["trainer"]["max_epochs"] == epochs
+                   and ("swa" in r["config"]["callbacks"]) is swa and r["config"]["features_dir"] == str(store)]
+        return sweep / name
+
+    plain, averaged = weights(folder(2, False, tiny["features_dir"])), weights(folder(2, True, tiny["features_dir"]))
+    assert any(not torch.equal(plain[k], averaged[k]) for k in plain)  # SWA changed the weights
+    ids = {runs[folder(2, False, s).name]["record"]["config"]["store_id"] for s in (tiny["features_dir"], store_b)}
+    assert len(ids) == 2
+
+
+@pytest.mark.slow
+def test_a_ddp_sweep_over_devices_trains_each_world_size_in_its_own_folder(tiny, tmp_path):
+    """``-m trainer=ddp_cpu trainer.devices=1,2``: Lightning starts rank 1 by running the command
+    again; it runs as the job alone in the job's folder (not a sweep of its own), and the second
+    job is not taken for a rank started by a cluster."""
+    sweep = tmp_path / "sweep"
+    base = [a for a in args(tiny) if a != "trainer=cpu"]
+    run_cli("train", "-m", *base, "trainer=ddp_cpu", "trainer.devices=1,2", f"hydra.sweep.dir={sweep}",
+            env={"OMP_NUM_THREADS": "1"}, timeout=400)
+    runs = sweep_runs(sweep)
+    assert sorted(r["record"]["run"]["world_size"] for r in runs.values()) == [1, 2], sorted(runs)
+    assert len({r["summary"]["fingerprint"] for r in runs.values()}) == 2
+    assert all(r["summary"]["global_step"] == STEPS for r in runs.values())  # each from scratch
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == sorted([*runs, "jobs"])  # no stray folder
+
+
+@pytest.mark.slow
+def test_a_folder_whose_run_died_before_its_first_checkpoint_refuses_another_config(tiny, tmp_path):
+    run = tmp_path / "run"
+    inject = REPO / "tests" / "faults" / "inject"  # sitecustomize: SIGKILL after the first optimizer step
+    env = {"OMP_NUM_THREADS": "1", "CAPTIONING_FAULT": "kill:step::0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))}
+    proc = run_cli("train", *args(tiny, f"hydra.run.dir={run}"), env=env, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert (run / "run.json").is_file() and not (run / "checkpoints" / "last.ckpt").exists()
+    before = snapshot(run)
+    proc = run_cli("train", *args(tiny, "seed=1", f"hydra.run.dir={run}"), check=False, env={"OMP_NUM_THREADS": "1"})
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "holds another run (its run.json" in errors[0] and "seed 0 -> 1" in errors[0]
+    assert snapshot(run) == before

@@ -150,8 +150,8 @@ def check_same_run(folder: Path, saved: Mapping[str, Any], config: Mapping[str, 
                 f"optim.schedule_steps={steps}, or train on a new schedule as a new run from its weights "
                 f"(init_from={folder}/checkpoints/last.ckpt run_name=<name>)")
     if "store_id" in diff:
-        hint += ("; features_dir holds other features than this run trained on (another encoder or settings): "
-                 "point features_dir at the run's")
+        hint += (f"; features_dir holds other features than this run trained on (another encoder or settings): "
+                 f"point features_dir at the run's ({saved['config'].get('features_dir')})")
     raise ConfigError(
         f"{folder} holds another run (its {source}: fingerprint {run.get('fingerprint') or 'from its config'} "
         f"-> {fingerprint(config)}: {describe(diff)}){hint}; to continue it, run it with its own settings; "
