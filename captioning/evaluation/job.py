@@ -30,7 +30,12 @@ from captioning.data.datamodule import CaptionEvalDataset, FeatureItems, collate
 from captioning.errors import ConfigError, DataError
 from captioning.evaluation.grounding import evaluate_grounding
 from captioning.evaluation.report import metrics_by_length, vocabulary_usage, write_report
-from captioning.evaluation.server import check_image_set, check_request, coco_image_set, write_coco_results
+from captioning.evaluation.server import (
+    check_image_set,
+    check_request,
+    coco_image_set,
+    write_coco_results,
+)
 from captioning.evaluation.structure import evaluate_structure
 from captioning.metrics import compute_metrics, default_metrics
 from captioning.models.decoders import run_tag
