@@ -3,7 +3,7 @@
 ``train(TrainConfig)`` reads the dataset and its features, builds the vocabulary, and fits the
 ``CaptioningModule`` (teacher forcing; validation decodes and scores BLEU/CIDEr) with checkpoints,
 early stopping and TensorBoard/CSV logs under ``output_dir``.  The folder's record ``run.json`` (the
-run's identity, ``captioning.train.run_folder``) is written before anything else; a run whose
+run's identity, ``captioning.train.run_folder``) is written before the first step; a run whose
 ``checkpoints/last.ckpt`` exists resumes from it (the same run, vocabulary and features required);
 the CSV log keeps the rows before the checkpoint.  ``captioning-train`` composes the ``TrainConfig`` and calls ``train``.
 """
@@ -181,7 +181,8 @@ def train(cfg: TrainConfig) -> dict:
     The run folder is checked first: its record (``run.json``) or ``last.ckpt`` of another run
     (another fingerprint) is refused before anything in the folder is written
     (``run_folder.decide_resume``), and so is a folder another process is training
-    (``run_folder.hold_run_folder``).  The run's record is written before anything else.
+    (``run_folder.hold_run_folder``).  The run's record is written once its data are read and
+    checked, before the first step: a config whose data are refused leaves no record.
     """
     decoder_config(cfg.model)  # a bad model config stops here, before any data is read
     stage = stage_of(config_dict(cfg))
@@ -194,8 +195,6 @@ def train(cfg: TrainConfig) -> dict:
     with hold_run_folder(out, rank):  # one process per run folder
         resume_from = str(ckpt) if resume_decision(cfg.resume, ckpt, config, processes) else None
         run = run_entry(config, processes)
-        if rank == 0:  # from here on the folder says which run it holds
-            write_record(out, config, run)
         with run_record(out, cfg):
             pl.seed_everything(cfg.seed, workers=True)
             table, store = read_data(cfg)
@@ -213,6 +212,8 @@ def train(cfg: TrainConfig) -> dict:
                 for stale in ckpt.parent.glob(".*.tmp"):
                     stale.unlink(missing_ok=True)
             resume_step = check_resumable(resume_from, vocab.to_dict(), meta)
+            if rank == 0:  # the data checked: from here on the folder says which run it holds
+                write_record(out, config, run)
             module_cls = FinetuneModule if stage == "finetune" else CaptioningModule
             extra = {"initial_weights": not resume_from} if stage == "finetune" else {}
             model = module_cls(config=config, vocab=vocab.to_dict(), feature_meta=meta, **extra)
