@@ -38,6 +38,7 @@ from captioning.train.run_folder import (
     normalise_resume,
     read_record,
     run_entry,
+    world_size,
     write_record,
 )
 
@@ -257,6 +258,10 @@ def test_the_world_size_must_match_when_devices_are_counted_at_the_start(tmp_pat
     assert decide_resume("auto", last, gpus, saved(gpus, processes=8), None, 8) is True
     with pytest.raises(ConfigError, match=r"world size \(trainer.devices x trainer.num_nodes processes\) 8 -> 4"):
         decide_resume("auto", last, gpus, saved(gpus, processes=8), None, 4)
+    from captioning.config import TrainerConfig
+
+    assert world_size(TrainerConfig(devices=[0, 1], num_nodes=2)) == 4 and world_size(TrainerConfig(devices="3")) == 3
+    assert world_size(TrainerConfig(accelerator="cpu", devices="auto")) == 1  # counted by Lightning
 
 
 def test_a_longer_budget_is_refused_unless_the_schedule_is_fixed_at_the_length_it_trained(tmp_path):

@@ -77,10 +77,15 @@ def world_size(trainer: Any) -> int:
     if str(devices).strip().lstrip("-").isdigit() and int(devices) > 0:
         return int(devices) * nodes
     import pytorch_lightning as pl  # -1 or auto: the devices this machine shows Lightning
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
 
-    probe = pl.Trainer(accelerator=trainer.accelerator, devices=devices, strategy=trainer.strategy,
-                       num_nodes=nodes, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                       enable_model_summary=False)
+    try:
+        probe = pl.Trainer(accelerator=trainer.accelerator, devices=devices, strategy=trainer.strategy,
+                           num_nodes=nodes, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                           enable_model_summary=False)
+    except (MisconfigurationException, ValueError, RuntimeError) as e:
+        raise ConfigError(f"trainer.accelerator={trainer.accelerator} trainer.devices={devices}: "
+                          f"{str(e).strip().splitlines()[0][:200]} (trainer=cpu runs on the CPU)") from None
     return int(probe.world_size)
 
 
