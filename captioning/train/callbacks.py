@@ -105,8 +105,9 @@ class LineProgress(ProgressBar):
 
 
 class DataEpoch(pl.Callback):
-    """Each training epoch's number to a training dataset that draws per epoch (``set_epoch``),
-    before the epoch's first batch is read (Lightning sets only the sampler's)."""
+    """Each training epoch's number to a training dataset that draws per epoch (``set_epoch``) as
+    the epoch starts (Lightning sets only the sampler's; the data module sets the first epoch's
+    when it makes the loader, whose first batch is read before this hook)."""
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         set_epoch = getattr(getattr(trainer.train_dataloader, "dataset", None), "set_epoch", None)
