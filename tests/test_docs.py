@@ -9,6 +9,8 @@
   own argument parser; ``python -m captioning.<module>``, ``make <target>`` and ``pytest <file>``
   name things that exist;
 - every ``test_*.py::test_name`` the docs cite (the reliability table) exists;
+- every checkpoint file the docs and the configs' comments name (``checkpoints/best.ckpt``, ...) is
+  one a real training writes (a tiny run through ``captioning-train``), and evaluates;
 - no stale names anywhere in the docs, the package, the configs or the tests.
 
 All commands run in one subprocess (``python tests/test_docs.py`` reads them as JSON on stdin), so
@@ -497,6 +499,53 @@ def test_no_stale_names():
             for m in pattern.finditer(line):
                 hits.append(f"{rel(path)}:{i}: {m.group(0)} (now: {STALE[m.group(0).lower()]})")
     assert not hits, "\n".join(hits)
+
+
+# ----- checkpoint files
+
+def documented_checkpoints() -> dict[str, list[str]]:
+    """Checkpoint file names (``best.ckpt``) the docs and the configs' comments tell users to pass
+    -> where they do; a placeholder (``<name>.ckpt``) names none."""
+    found: dict[str, list[str]] = {}
+    for path in [*doc_files(), *sorted((REPO / "conf").rglob("*.yaml"))]:
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in re.finditer(r"(?<![\w<{$-])([A-Za-z][\w-]*)\.ckpt\b", line):
+                found.setdefault(m.group(1) + ".ckpt", []).append(f"{rel(path)}:{i}")
+    return found
+
+
+def test_the_checkpoint_finder_reads_names_not_placeholders(tmp_path, monkeypatch):
+    doc = tmp_path / "docs" / "a.md"
+    doc.parent.mkdir()
+    doc.write_text("ckpt_path=<run>/checkpoints/best.ckpt or last.ckpt, never <name>.ckpt nor ${X}.ckpt\n")
+    (tmp_path / "README.md").write_text("# r\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "a.yaml").write_text("# init_from=<stage-1 best.ckpt>\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert documented_checkpoints() == {"best.ckpt": ["docs/a.md:1", "conf/a.yaml:1"], "last.ckpt": ["docs/a.md:1"]}
+
+
+@pytest.mark.slow
+def test_every_checkpoint_the_docs_name_is_written_by_a_training_and_evaluates(tmp_path):
+    """A tiny run with the default callbacks writes every checkpoint file the docs name, and
+    ``captioning-evaluate ckpt_path=<run>/checkpoints/best.ckpt`` decodes with it."""
+    from conftest import data_overrides, make_tiny_image_dataset, run_cli
+
+    data = make_tiny_image_dataset(tmp_path / "tiny")
+    run = tmp_path / "run"
+    run_cli("train", *data_overrides(data["root"], data["features_dir"]), "model.embed_dim=16", "model.hidden_dim=32",
+            "model.attention_dim=16", "debug=tiny", "logger=csv", "trainer.enable_progress_bar=false",
+            f"hydra.run.dir={run}", env={"OMP_NUM_THREADS": "1"})
+    written = {p.name for p in (run / "checkpoints").iterdir()}
+    named = documented_checkpoints()
+    assert {"best.ckpt", "last.ckpt"} <= set(named)
+    assert not {n: w for n, w in named.items() if n not in written}, f"named but not written (written: {written})"
+    out = tmp_path / "eval"
+    run_cli("evaluate", f"ckpt_path={run / 'checkpoints' / 'best.ckpt'}", "split=val", "metrics=[bleu,cider]",
+            "num_workers=0", "trainer.enable_progress_bar=false", f"output_dir={out}", f"hydra.run.dir={out}",
+            env={"OMP_NUM_THREADS": "1"})
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert json.loads((out / "metrics.json").read_text())["CIDEr"] == pytest.approx(summary["best_val_CIDEr"], abs=1e-6)
 
 
 if __name__ == "__main__":

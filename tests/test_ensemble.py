@@ -199,8 +199,7 @@ def test_cli_ensemble_and_server_file(tiny, tmp_path) -> None:
             "trainer.enable_progress_bar=false")
     server_file = tmp_path / "ens" / "captions_val2014_run0-ensemble3_results.json"
     entries = json.loads(server_file.read_text())
-    assert sorted(e["image_id"] for e in entries) == sorted(tiny["splits"]["test"])
-    assert (tmp_path / "ens" / "results.zip").is_file()
+    assert sorted(e["image_id"] for e in entries) == sorted(tiny["splits"]["test"])  # every val2014 image of the data
 
 
 def test_evaluation_reads_each_checkpoint_once_and_records_every_members_run(tiny, monkeypatch) -> None:

@@ -103,9 +103,11 @@ def test_resume_with_another_vocabulary_is_refused(trained: dict, tmp_path: Path
 def test_resume_with_features_of_another_encoder_is_refused(trained: dict, tmp_path: Path) -> None:
     other = store_with(trained, tmp_path / "resnet50", settings={"backbone": "resnet50", "weights": "none"})
     run = copy_run(trained, tmp_path / "run")
+    before = (run / "checkpoints" / "last.ckpt").read_bytes()
     line = one_error_line(train(trained, run, "trainer.max_epochs=2", features=other, check=False))
-    assert line.startswith("error: encoder mismatch: ") and str(run / "checkpoints" / "last.ckpt") in line
-    assert "resnet50" in line and "synthetic" in line and "point features_dir at" in line
+    assert line.startswith(f"error: {run} holds another run") and "store_id" in line  # the store is part of the run
+    assert f"point features_dir at the run's ({trained['features_dir']})" in line
+    assert (run / "checkpoints" / "last.ckpt").read_bytes() == before
 
 
 def test_evaluate_with_features_of_another_encoder_is_refused(trained: dict, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import csv
 import hashlib
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -22,14 +23,26 @@ from conftest import data_overrides, make_tiny_image_dataset, run_cli
 from captioning.errors import ConfigError
 from captioning.train.identity import (
     CONTINUATION_KEYS,
-    decide_resume,
+    IDENTITY_VERSION,
     describe,
     fingerprint,
-    hold_run_folder,
     identity,
     identity_diff,
-    normalise_resume,
+    identity_table,
+    run_config,
 )
+from captioning.train.run_folder import (
+    RECORD_NAME,
+    decide_resume,
+    hold_run_folder,
+    normalise_resume,
+    read_record,
+    run_entry,
+    world_size,
+    write_record,
+)
+
+REPO = Path(__file__).resolve().parents[1]
 
 # ------------------------------------------------------------------------------------ the identity
 
@@ -44,44 +57,150 @@ CONFIG = {
 }
 
 
-def test_identity_is_the_config_without_the_continuation_keys():
-    assert identity(CONFIG) == {"seed": 0, "optim": {"lr": 0.001}, "trainer": {"precision": "32-true"},
-                                "data": {"batch_size": 8}}
+def changed(config: dict, **dotted) -> dict:
+    """A deep copy of ``config`` with ``a__b=value`` set at ``a.b``."""
+    out = json.loads(json.dumps(config))
+    for key, value in dotted.items():
+        *parents, leaf = key.split("__")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def test_identity_is_the_config_without_what_may_change_while_continuing():
+    # the cosine schedule (the default) spans the budget: the budget is part of the run
+    assert identity(CONFIG) == {"seed": 0, "optim": {"lr": 0.001}, "data": {"batch_size": 8},
+                                "trainer": {"max_epochs": 2, "precision": "32-true", "devices": 1}}
+    # a fixed schedule: more epochs continue the run
+    fixed = changed(CONFIG, optim__schedule_steps=100)
+    assert identity(fixed)["trainer"] == {"precision": "32-true", "devices": 1}
+    assert identity(changed(CONFIG, optim__scheduler="none"))["trainer"] == {"precision": "32-true", "devices": 1}
     assert CONFIG["trainer"]["max_epochs"] == 2  # the input is not modified
 
 
 def test_fingerprint_is_the_short_sha256_of_the_canonical_identity():
-    canonical = '{"data":{"batch_size":8},"optim":{"lr":0.001},"seed":0,"trainer":{"precision":"32-true"}}'
+    canonical = ('{"data":{"batch_size":8},"optim":{"lr":0.001},"seed":0,'
+                 '"trainer":{"devices":1,"max_epochs":2,"precision":"32-true"}}')
     assert fingerprint(CONFIG) == hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
-def test_what_continues_a_run_keeps_its_fingerprint_and_what_changes_it_does_not():
-    base = fingerprint(CONFIG)
-    continued = json.loads(json.dumps(CONFIG))
-    continued["trainer"].update(max_epochs=30, devices=4)
-    continued["data"].update(root="/moved", num_workers=8)
-    continued["output_dir"] = "/elsewhere"
-    assert fingerprint(continued) == base
-    for dotted, value in (("optim.lr", 0.005), ("seed", 1), ("data.batch_size", 16), ("trainer.precision", "bf16")):
-        other = json.loads(json.dumps(CONFIG))
-        *parents, leaf = dotted.split(".")
-        node = other
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-        assert fingerprint(other) != base, dotted
+CALLBACKS = {
+    "checkpoint": {"_target_": "ResumableCheckpoint", "dirpath": "/out/r/checkpoints", "filename": "e{epoch}",
+                   "monitor": "val/CIDEr", "mode": "max", "save_top_k": 1, "save_last": True},
+    "early_stopping": {"_target_": "EarlyStopping", "monitor": "val/CIDEr", "patience": 5},
+    "lr_monitor": {"_target_": "LearningRateMonitor"},
+    "progress": {"_target_": "progress_bar", "bar": "rich"},
+}
 
 
-def test_every_continuation_key_says_why():
-    assert all(isinstance(why, str) and len(why) > 10 for why in CONTINUATION_KEYS.values())
-    assert {"trainer.max_epochs", "trainer.devices", "data.num_workers", "logger", "callbacks"} <= set(CONTINUATION_KEYS)
+@pytest.mark.parametrize(("what", "dotted", "same"), [
+    ("a moved dataset", {"data__root": "/moved", "data__grounding": "/moved/g.json", "features_dir": "/moved/f"}, True),
+    ("loader workers", {"data__num_workers": 8}, True),
+    ("another machine", {"trainer__accelerator": "gpu", "trainer__strategy": "ddp"}, True),
+    ("the run folder", {"output_dir": "/elsewhere", "callbacks__checkpoint__dirpath": "/elsewhere/checkpoints"}, True),
+    ("what is shown", {"callbacks__progress__bar": "tqdm", "callbacks__lr_monitor": None, "logger": {}}, True),
+    ("a list of two devices is two", {"trainer__devices": [0, 1]}, False),
+    ("the budget of a schedule that spans it", {"trainer__max_epochs": 30}, False),
+    ("the schedule's length", {"optim__schedule_steps": 100}, False),
+    ("the devices: the global batch", {"trainer__devices": 2}, False),
+    ("the nodes: the global batch", {"trainer__num_nodes": 2}, False),
+    ("the store's identity", {"store_id": "0123456789"}, False),
+    ("the checkpoint's monitor", {"callbacks__checkpoint__monitor": "val/BLEU_4"}, False),
+    ("early stopping", {"callbacks__early_stopping__patience": 2}, False),
+    ("early stopping off", {"callbacks__early_stopping": None}, False),
+    ("SWA", {"callbacks__swa": {"_target_": "StochasticWeightAveraging", "swa_lrs": 1e-4}}, False),
+    ("the learning rate", {"optim__lr": 0.005}, False),
+    ("the per-process batch", {"data__batch_size": 16}, False),
+])
+def test_what_continues_a_run_keeps_its_fingerprint_and_what_is_the_run_changes_it(what, dotted, same):
+    base = {**CONFIG, "callbacks": CALLBACKS, "store_id": "abcdef0123"}
+    assert (fingerprint(changed(base, **dotted)) == fingerprint(base)) is same, what
+
+
+def test_a_fixed_schedule_lets_the_budget_change_and_a_device_list_counts_as_its_length():
+    fixed = changed({**CONFIG, "callbacks": CALLBACKS}, optim__schedule_steps=100)
+    assert fingerprint(changed(fixed, trainer__max_epochs=30, trainer__max_steps=500)) == fingerprint(fixed)
+    assert fingerprint(changed(fixed, trainer__devices=[0, 1])) == fingerprint(changed(fixed, trainer__devices=2))
+    off = changed(fixed, callbacks__early_stopping=None)  # a callback turned off is a callback left out
+    assert fingerprint(off) == fingerprint({**fixed, "callbacks": {k: v for k, v in CALLBACKS.items()
+                                                                    if k != "early_stopping"}})
+    swa = changed(fixed, callbacks__swa={"_target_": "x.StochasticWeightAveraging", "swa_epoch_start": 0.75})
+    assert fingerprint(changed(swa, trainer__max_epochs=30)) != fingerprint(swa)  # SWA starts at 0.75 x the budget
+    swa["callbacks"]["swa"]["swa_epoch_start"] = 3  # from epoch 3: the budget may grow
+    assert fingerprint(changed(swa, trainer__max_epochs=30)) == fingerprint(swa)
+
+
+def test_every_key_decided_says_why_and_names_a_key_of_the_training_config():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import captioning.cli.train  # noqa: F401  (registers the schema and resolvers)
+    from captioning.config import to_config
+    from captioning.train.job import TrainConfig
+    from captioning.train.module import config_dict
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+        cfg = compose("train", overrides=["callbacks=[default,swa]", "output_dir=/out/r"])
+    container = OmegaConf.to_container(cfg, resolve=False)
+    container.pop("hydra", None)
+    config = run_config(config_dict(to_config(OmegaConf.create(container), TrainConfig)))
+    keys = set()
+    stack = [("", config)]
+    while stack:
+        prefix, node = stack.pop()
+        for k, v in node.items():
+            keys.add(prefix + k)
+            if isinstance(v, dict):
+                stack.append((f"{prefix}{k}.", v))
+    assert not [k for k in CONTINUATION_KEYS if k not in keys], "keys decided on that no config has"
+    assert all(len(rule.why) > 10 for rule in CONTINUATION_KEYS.values())
+    assert {"trainer.max_epochs", "trainer.devices", "data.num_workers", "callbacks.swa", "store_id",
+            "data.grounding", "optim.schedule_steps"} <= set(CONTINUATION_KEYS)
+
+
+def composed_fingerprint(*overrides: str) -> str:
+    """The fingerprint ``captioning-train`` gives the real composed config (conf/train.yaml)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import captioning.cli.train  # noqa: F401
+    from captioning.config import to_config
+    from captioning.train.job import TrainConfig
+    from captioning.train.module import config_dict
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+        cfg = compose("train", overrides=["output_dir=/out/r", *overrides])
+    container = OmegaConf.to_container(cfg, resolve=False)
+    container.pop("hydra", None)
+    return fingerprint(run_config(config_dict(to_config(OmegaConf.create(container), TrainConfig))))
+
+
+def test_a_moved_dataset_is_the_same_run_in_the_composed_config():
+    """data.grounding, data.media_dir, the annotations and features_dir all resolve from data.root."""
+    assert composed_fingerprint("data.root=/a/shapes") == composed_fingerprint("data.root=/b/elsewhere/shapes")
+    assert composed_fingerprint("data.root=/a/shapes") != composed_fingerprint("data.root=/a/shapes", "seed=1")
+
+
+def test_the_store_is_part_of_the_run_and_its_path_is_not(tmp_path):
+    from captioning.store.feature_store import store_id
+
+    meta = {"settings": {"backbone": "synthetic"}, "kind": "image", "positions": 4, "dim": 16, "grid": [2, 2],
+            "dtype": "float16"}
+    for name, settings in (("a", meta["settings"]), ("moved", meta["settings"]), ("b", {"backbone": "other"})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text(json.dumps({**meta, "settings": settings}))
+    a, moved, b = (run_config({**CONFIG, "features_dir": str(tmp_path / n)}) for n in ("a", "moved", "b"))
+    assert a["store_id"] == store_id(meta) == moved["store_id"] != b["store_id"]
+    assert fingerprint(a) == fingerprint(moved) != fingerprint(b)
+    two = run_config({**CONFIG, "features_dir": [str(tmp_path / "a"), str(tmp_path / "b")]})
+    assert two["store_id"] == [a["store_id"], b["store_id"]]  # streams: each store's identity
+    assert run_config({**CONFIG, "features_dir": str(tmp_path / "none")})["store_id"] is None
 
 
 def test_identity_diff_names_the_keys_that_differ():
-    new = json.loads(json.dumps(CONFIG))
-    new["optim"]["lr"] = 0.005
-    new["seed"] = 3
-    new["trainer"]["max_epochs"] = 9  # a continuation key: not a difference
+    new = changed(CONFIG, optim__lr=0.005, seed=3, data__num_workers=9)  # workers: not a difference
     diff = identity_diff(CONFIG, new)
     assert diff == {"optim.lr": (0.001, 0.005), "seed": (0, 3)}
     assert describe(diff) == "optim.lr 0.001 -> 0.005, seed 0 -> 3"
@@ -90,26 +209,85 @@ def test_identity_diff_names_the_keys_that_differ():
     assert "extra.k" not in identity_diff(CONFIG, new, common_only=True)
 
 
+def saved(config: dict, processes: int = 1, **run) -> dict:
+    return {"config": config, "run": run_entry(config, processes, **run)}
+
+
 def test_resume_policies(tmp_path):
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    same = {"config": CONFIG, "run": {"fingerprint": fingerprint(CONFIG)}}
-    other = json.loads(json.dumps(CONFIG))
-    other["optim"]["lr"] = 0.01
+    other = changed(CONFIG, optim__lr=0.01)
     assert decide_resume("auto", last, CONFIG, None) is False  # nothing there: a fresh run
-    assert decide_resume("auto", last, CONFIG, same) is True
-    assert decide_resume("must", last, CONFIG, same) is True
+    assert decide_resume("auto", last, CONFIG, saved(CONFIG)) is True
+    assert decide_resume("must", last, CONFIG, saved(CONFIG)) is True
     with pytest.raises(ConfigError, match=r"resume=must: nothing to resume in .*run"):
         decide_resume("must", last, CONFIG, None)
     with pytest.raises(ConfigError, match="resume=never: .* already holds a run"):
-        decide_resume("never", last, CONFIG, same)
-    with pytest.raises(ConfigError, match=r"holds another run .*: optim.lr 0.01 -> 0.001\); to continue it"):
-        decide_resume("auto", last, CONFIG, {"config": other, "run": {"fingerprint": fingerprint(other)}})
+        decide_resume("never", last, CONFIG, saved(CONFIG))
+    with pytest.raises(ConfigError, match=r"holds another run \(its last.ckpt: .*: optim.lr 0.01 -> 0.001\); to "
+                                          r"continue it"):
+        decide_resume("auto", last, CONFIG, saved(other))
     # a checkpoint written before run identity: compared on the keys both configs have
     legacy = json.loads(json.dumps(CONFIG))
     del legacy["data"]["batch_size"]
     assert decide_resume("auto", last, CONFIG, {"config": legacy, "run": None}) is True
     with pytest.raises(ConfigError, match="optim.lr"):
         decide_resume("auto", last, CONFIG, {"config": other, "run": None})
+
+
+def test_a_record_of_another_run_is_refused_with_or_without_a_checkpoint(tmp_path):
+    """The folder's run.json is checked whether or not a checkpoint exists (a run that died before
+    its first checkpoint, or trained with callbacks.checkpoint=null)."""
+    folder = tmp_path / "run"
+    last = folder / "checkpoints" / "last.ckpt"
+    write_record(folder, CONFIG, run_entry(CONFIG, 1))
+    assert read_record(folder) == saved(CONFIG)
+    assert decide_resume("auto", last, CONFIG, None, read_record(folder), 1) is False  # the same run: it starts
+    other = changed(CONFIG, seed=1)
+    with pytest.raises(ConfigError, match=rf"holds another run \(its {RECORD_NAME}: .*seed 0 -> 1"):
+        decide_resume("auto", last, other, None, read_record(folder), 1)
+    (folder / RECORD_NAME).write_text("{not json")
+    with pytest.raises(ConfigError, match="malformed JSON .* move it away"):
+        read_record(folder)
+
+
+def test_the_world_size_must_match_when_devices_are_counted_at_the_start(tmp_path):
+    """``trainer.devices=-1`` (all GPUs) is the same config on a node with fewer GPUs: the world
+    size recorded at the start is checked."""
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    gpus = changed(CONFIG, trainer__devices=-1)
+    assert decide_resume("auto", last, gpus, saved(gpus, processes=8), None, 8) is True
+    with pytest.raises(ConfigError, match=r"world size \(trainer.devices x trainer.num_nodes processes\) 8 -> 4"):
+        decide_resume("auto", last, gpus, saved(gpus, processes=8), None, 4)
+    from captioning.config import TrainerConfig
+
+    assert world_size(TrainerConfig(devices=[0, 1], num_nodes=2)) == 4 and world_size(TrainerConfig(devices="3")) == 3
+    assert world_size(TrainerConfig(accelerator="cpu", devices="auto")) == 1  # counted by Lightning
+
+
+def test_a_longer_budget_is_refused_unless_the_schedule_is_fixed_at_the_length_it_trained(tmp_path):
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ten = saved(CONFIG, schedule_steps=40)  # a 2-epoch run whose cosine schedule resolved to 40 steps
+    longer = changed(CONFIG, trainer__max_epochs=4)
+    with pytest.raises(ConfigError, match=r"trainer.max_epochs 2 -> 4\); the cosine schedule spans the budget: "
+                                          r"to continue this run past its budget on the same schedule add "
+                                          r"optim.schedule_steps=40, or .*\(init_from=.*last.ckpt run_name=<name>\)"):
+        decide_resume("auto", last, longer, ten)
+    assert decide_resume("auto", last, changed(longer, optim__schedule_steps=40), ten) is True
+    with pytest.raises(ConfigError, match="optim.schedule_steps"):  # another length is another schedule
+        decide_resume("auto", last, changed(longer, optim__schedule_steps=80), ten)
+
+
+def test_records_of_an_older_identity_are_compared_on_the_keys_both_have(tmp_path):
+    """A checkpoint written when callbacks and devices could change while continuing: its old
+    fingerprint means nothing now; its config still does, key by key."""
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    config = {**CONFIG, "callbacks": CALLBACKS, "store_id": "abcdef0123"}
+    old = {"config": {k: v for k, v in config.items() if k != "store_id"},
+           "run": {"fingerprint": "0123456789"}}  # identity version 1
+    assert IDENTITY_VERSION == 2
+    assert decide_resume("auto", last, config, old) is True
+    with pytest.raises(ConfigError, match="callbacks.early_stopping.patience 5 -> 1"):
+        decide_resume("auto", last, changed(config, callbacks__early_stopping__patience=1), old)
 
 
 def test_a_run_folder_is_held_by_one_process_at_a_time(tmp_path):
@@ -142,6 +320,13 @@ def test_resume_values_of_older_configs():
         "auto", "auto", "never", "never", "must", "never"]
     with pytest.raises(ConfigError, match="resume='sometimes': use auto"):
         normalise_resume("sometimes")
+
+
+def test_the_readme_table_is_the_one_the_code_decides():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Runs and sweeps"):readme.index("## Data\n")]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    assert table == identity_table()
 
 
 # ---------------------------------------------------------------------------- through the real CLI
@@ -221,11 +406,24 @@ def test_a_rerun_with_another_setting_is_refused_and_leaves_the_folder_as_it_was
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "is being trained by another process" in errors[0]
     assert snapshot(run) == before
-    # the same settings with a larger budget continue it
+    # a larger budget is another run while the cosine schedule spans the budget: refused, naming
+    # the schedule's length the run resolved (and recorded in run.json and its checkpoints)
     proc = run_cli("train", *args(tiny, "optim.lr=1e-3", "trainer.max_epochs=3", f"hydra.run.dir={run}"),
-                   env={"OMP_NUM_THREADS": "1"})
+                   check=False, env={"OMP_NUM_THREADS": "1"})
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "trainer.max_epochs 2 -> 3" in errors[0] and f"optim.schedule_steps={STEPS}" in errors[0]
+    assert snapshot(run) == before
+    # continued on that schedule, with the dataset moved (copied elsewhere): the same run resumes
+    moved = {"root": tmp_path / "moved" / "tiny", "features_dir": tmp_path / "moved" / "tiny" / "features" / "synthetic"}
+    shutil.copytree(tiny["root"], moved["root"])
+    proc = run_cli("train", *args(moved, "optim.lr=1e-3", "trainer.max_epochs=3", f"optim.schedule_steps={STEPS}",
+                                  f"hydra.run.dir={run}"), env={"OMP_NUM_THREADS": "1"})
     assert f"resuming from {run / 'checkpoints' / 'last.ckpt'} (step {STEPS})" in proc.stdout + proc.stderr
-    assert json.loads((run / "train_summary.json").read_text())["global_step"] == STEPS + 5
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["global_step"] == STEPS + 5 and summary["schedule_steps"] == STEPS
+    # best.ckpt, carried through the resume: the best ranked checkpoint, the same file
+    assert os.path.samefile(run / "checkpoints" / "best.ckpt", summary["best_checkpoint"])
 
 
 @pytest.mark.slow
@@ -291,3 +489,91 @@ def test_a_failed_sweep_job_is_a_row_with_its_error_and_the_others_train(tiny, t
     assert ok["status"] == "COMPLETED" and int(ok["global_step"]) == STEPS and ok["differs"] == "model.dropout=0.1"
     assert bad["status"] == "FAILED" and bad["differs"] == "model.dropout=1.5"
     assert bad["error"] == "JobFailed: model.dropout must be in [0, 1] (got 1.5)"
+
+
+def other_store(data: dict, dest: Path) -> Path:
+    """The same features written with other encoder settings: another store (another store_id)."""
+    import numpy as np
+
+    from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+
+    src = FeatureStore.open(data["features_dir"])
+    writer = FeatureStoreWriter(dest, {**dict(src.meta), "settings": {"backbone": "other", "weights": "none"}},
+                                shard_size=16)
+    for item_id in src.ids:
+        writer.add(item_id, np.asarray(src[item_id].features, np.float32))
+    writer.close()
+    return dest
+
+
+def sweep_runs(sweep: Path) -> dict[str, dict]:
+    """Each job folder of a sweep -> its train_summary.json, run.json and composed config."""
+    from omegaconf import OmegaConf
+
+    return {p.name: {"summary": json.loads((p / "train_summary.json").read_text()),
+                     "record": json.loads((p / "run.json").read_text()),
+                     "config": OmegaConf.to_container(OmegaConf.load(p / ".hydra" / "config.yaml"))}
+            for p in sorted(sweep.iterdir()) if (p / "train_summary.json").is_file()}
+
+
+@pytest.mark.slow
+def test_a_sweep_over_the_budget_the_callbacks_and_the_store_trains_every_job_from_scratch(tiny, tmp_path):
+    """``-m trainer.max_epochs=1,2 callbacks=[default,swa],default features_dir=A,B``: 8 runs, 8 folders,
+    each trained from step 0 over its own whole budget (the budget is part of a run whose cosine
+    schedule spans it; SWA replaces the weights; the store's identity is part of the run)."""
+    sweep, store_b = tmp_path / "sweep", other_store(tiny, tmp_path / "store_b")
+    stores = f"features_dir={tiny['features_dir']},{store_b}"
+    base = [a for a in args(tiny) if not a.startswith("features_dir=")]
+    run_cli("train", "-m", *base, "trainer.max_epochs=1,2", "callbacks=[default,swa],default", stores,
+            f"hydra.sweep.dir={sweep}", env={"OMP_NUM_THREADS": "1"})
+    runs = sweep_runs(sweep)
+    assert len(runs) == 8 and len({r["summary"]["fingerprint"] for r in runs.values()}) == 8, sorted(runs)
+    for name, r in runs.items():
+        epochs = r["config"]["trainer"]["max_epochs"]
+        assert r["summary"]["global_step"] == 5 * epochs, name  # from scratch, its own budget
+        assert name.endswith(r["summary"]["fingerprint"]) and r["record"]["run"]["fingerprint"] == name[-10:]
+        assert r["record"]["run"]["schedule_steps"] == 5 * epochs  # each its own schedule
+    assert all(row["status"] == "COMPLETED" for row in summary_rows(sweep))
+
+    def folder(epochs: int, swa: bool, store: Path) -> Path:
+        (name,) = [n for n, r in runs.items() if r["config"]["trainer"]["max_epochs"] == epochs
+                   and ("swa" in r["config"]["callbacks"]) is swa and r["config"]["features_dir"] == str(store)]
+        return sweep / name
+
+    plain, averaged = weights(folder(2, False, tiny["features_dir"])), weights(folder(2, True, tiny["features_dir"]))
+    assert any(not torch.equal(plain[k], averaged[k]) for k in plain)  # SWA changed the weights
+    ids = {runs[folder(2, False, s).name]["record"]["config"]["store_id"] for s in (tiny["features_dir"], store_b)}
+    assert len(ids) == 2
+
+
+@pytest.mark.slow
+def test_a_ddp_sweep_over_devices_trains_each_world_size_in_its_own_folder(tiny, tmp_path):
+    """``-m trainer=ddp_cpu trainer.devices=1,2``: Lightning starts rank 1 by running the command
+    again; it runs as the job alone in the job's folder (not a sweep of its own), and the second
+    job is not taken for a rank started by a cluster."""
+    sweep = tmp_path / "sweep"
+    base = [a for a in args(tiny) if a != "trainer=cpu"]
+    run_cli("train", "-m", *base, "trainer=ddp_cpu", "trainer.devices=1,2", f"hydra.sweep.dir={sweep}",
+            env={"OMP_NUM_THREADS": "1"}, timeout=400)
+    runs = sweep_runs(sweep)
+    assert sorted(r["record"]["run"]["world_size"] for r in runs.values()) == [1, 2], sorted(runs)
+    assert len({r["summary"]["fingerprint"] for r in runs.values()}) == 2
+    assert all(r["summary"]["global_step"] == STEPS for r in runs.values())  # each from scratch
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == sorted([*runs, "jobs"])  # no stray folder
+
+
+@pytest.mark.slow
+def test_a_folder_whose_run_died_before_its_first_checkpoint_refuses_another_config(tiny, tmp_path):
+    run = tmp_path / "run"
+    inject = REPO / "tests" / "faults" / "inject"  # sitecustomize: SIGKILL after the first optimizer step
+    env = {"OMP_NUM_THREADS": "1", "CAPTIONING_FAULT": "kill:step::0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))}
+    proc = run_cli("train", *args(tiny, f"hydra.run.dir={run}"), env=env, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert (run / "run.json").is_file() and not (run / "checkpoints" / "last.ckpt").exists()
+    before = snapshot(run)
+    proc = run_cli("train", *args(tiny, "seed=1", f"hydra.run.dir={run}"), check=False, env={"OMP_NUM_THREADS": "1"})
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "holds another run (its run.json" in errors[0] and "seed 0 -> 1" in errors[0]
+    assert snapshot(run) == before

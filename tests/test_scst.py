@@ -183,3 +183,44 @@ def test_reward_equals_captioning_score_cider_d_per_item(tmp_path) -> None:
     for i, r in zip(ids, rewards, strict=True):
         assert r == pytest.approx(cider[i], abs=1e-9), i
     assert data["splits"]["train"]
+
+
+def test_the_reference_draw_is_seeded_by_seed_epoch_and_item_not_the_process_stream(tiny_images) -> None:
+    """``CaptionItemDataset``: item i's reference in epoch e is the same whoever reads it (a loader
+    worker or the main process) and whatever was drawn before; torch's random stream is untouched."""
+    from captioning.data.caption_table import CaptionTable
+    from captioning.data.datamodule import CaptionItemDataset, FeatureItems
+    from captioning.store.feature_store import FeatureStore
+
+    table = CaptionTable.from_records(_tiny_records(tiny_images))
+    items = FeatureItems(table, FeatureStore.open(tiny_images["features_dir"]), "train")
+    vocab = table.vocabulary(min_count=1)
+    ds = CaptionItemDataset(items, vocab, max_length=10, seed=7)
+    rows = list(range(len(items)))
+
+    def draws(epoch: int) -> list[list[int]]:
+        ds.set_epoch(epoch)
+        return [ds._draw(i) for i in rows]
+
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    first = draws(0)
+    assert torch.equal(torch.get_rng_state(), state)  # no draw from the process's stream
+    torch.rand(100)  # whatever the process drew meanwhile
+    assert draws(0) == first and draws(1) != first  # per epoch, reproducible
+    assert [ds._draw(i) for i in reversed(rows)][::-1] == draws(1)  # per item, in any order
+    refs = {i: {tuple(table.encode(k, ds.encoder, 10).tolist())
+                for k in range(int(items.first_caption[i]), int(items.first_caption[i] + items.n_captions[i]))}
+            for i in rows}
+    assert all(tuple(d) in refs[i] for i, d in zip(rows, first, strict=True))  # one of the item's own
+    assert len({tuple(draws(e)[0]) for e in range(6)}) > 1  # over the epochs, several of them
+
+
+def _tiny_records(data: dict):
+    from captioning.config import DataConfig
+    from captioning.data.annotations import read_dataset
+
+    root = data["root"]
+    cfg = DataConfig(name="tiny", kind="image", format="coco", root=str(root), media_dir=str(root / "images"),
+                     annotations={s: str(root / "annotations" / f"captions_{s}.json") for s in ("train", "val", "test")})
+    return read_dataset(cfg).records

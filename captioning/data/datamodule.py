@@ -21,7 +21,7 @@ from functools import cached_property
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, RandomSampler, get_worker_info
 
 from captioning.data.annotations import SPLITS
 from captioning.data.caption_table import CaptionTable, References
@@ -169,15 +169,26 @@ class CaptionTrainDataset(Dataset):
 
 
 class CaptionItemDataset(Dataset):
-    """One sample per item with ONE of its reference captions, drawn at random each time
+    """One sample per item with ONE of its reference captions, drawn at random each epoch
     (self-critical training: the model samples its own captions; the reference is for the
-    optional cross-entropy term)."""
+    optional cross-entropy term).
 
-    def __init__(self, items: FeatureItems, vocab: Vocabulary, max_length: int) -> None:
+    The draw of item i in epoch e comes from a generator of its own, seeded by (``seed``, e, i):
+    never from a process's random stream, so loader workers (``num_workers``) change nothing.  The
+    epoch (``set_epoch``) sits in shared memory, where the loader's worker processes read it.
+    """
+
+    def __init__(self, items: FeatureItems, vocab: Vocabulary, max_length: int, seed: int = 0) -> None:
         self.items = items
         self.pad = vocab.pad
         self.max_length = max_length
         self.encoder = items.table.encoder(vocab)  # [L]
+        self.seed = int(seed) % 2**32
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next draws belong to (the training loop sets it as each epoch starts)."""
+        self._epoch.fill_(int(epoch))
 
     def __len__(self) -> int:
         return len(self.items)
@@ -191,7 +202,9 @@ class CaptionItemDataset(Dataset):
 
     def _draw(self, i: int) -> list[int]:
         n = int(self.items.n_captions[i])
-        k = int(self.items.first_caption[i]) + (int(torch.randint(n, ())) if n > 1 else 0)
+        k = int(self.items.first_caption[i])
+        if n > 1:
+            k += int(np.random.default_rng([self.seed, int(self._epoch), int(i)]).integers(n))
         return self.items.table.encode(k, self.encoder, self.max_length).tolist()
 
 
@@ -249,9 +262,11 @@ class CaptionDataModule(pl.LightningDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 2,
         per_item: bool = False,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         self.per_item = per_item  # training samples: one per item (self-critical) or per caption
+        self.seed = seed  # the loaders' own generators and SCST's reference draws
         self.store = store
         self.vocab = vocab
         self.max_length = max_length
@@ -269,10 +284,15 @@ class CaptionDataModule(pl.LightningDataModule):
                 )
 
     def _loader(self, dataset: Dataset, batch_size: int, shuffle: bool) -> DataLoader:
+        # The shuffle takes its seed from the process's random stream once per epoch, whatever the
+        # number of workers (a resumed run draws what an uninterrupted one would); the seed a
+        # DataLoader draws for its workers comes from a generator of its own (drawn from the
+        # process's stream it would shift dropout by one draw per epoch without workers only).
         return DataLoader(
             dataset,
             batch_size=batch_size,
-            shuffle=shuffle,
+            sampler=RandomSampler(dataset) if shuffle else None,
+            generator=torch.Generator().manual_seed(self.seed),
             num_workers=self.num_workers,
             collate_fn=collate,
             pin_memory=torch.cuda.is_available(),
@@ -281,8 +301,11 @@ class CaptionDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        kind = CaptionItemDataset if self.per_item else CaptionTrainDataset
-        ds = kind(self.items["train"], self.vocab, self.max_length)
+        if self.per_item:
+            ds = CaptionItemDataset(self.items["train"], self.vocab, self.max_length, seed=self.seed)
+            ds.set_epoch(self.trainer.current_epoch if self.trainer is not None else 0)
+        else:
+            ds = CaptionTrainDataset(self.items["train"], self.vocab, self.max_length)
         return self._loader(ds, self.batch_size, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:

@@ -30,7 +30,12 @@ from captioning.data.datamodule import CaptionEvalDataset, FeatureItems, collate
 from captioning.errors import ConfigError, DataError
 from captioning.evaluation.grounding import evaluate_grounding
 from captioning.evaluation.report import metrics_by_length, vocabulary_usage, write_report
-from captioning.evaluation.server import check_request, coco_image_set, write_coco_results
+from captioning.evaluation.server import (
+    check_image_set,
+    check_request,
+    coco_image_set,
+    write_coco_results,
+)
 from captioning.evaluation.structure import evaluate_structure
 from captioning.evaluation.viewer import write_viewer
 from captioning.metrics import compute_metrics, default_metrics
@@ -187,9 +192,11 @@ def decode_split(cfg: EvaluateConfig, laps: Laps) -> Decoded | None:
     store = open_features(features_dir)  # one store, or several streams joined
     check_compatible(hp, hp["vocab"], dict(store.meta), paths[0])  # the other members: as the first
     model.decode_cfg = cfg.decode
-    records = read_dataset(data_cfg).split(cfg.split)
+    dataset = read_dataset(data_cfg)
+    records = dataset.split(cfg.split)
     if not records:
         raise ConfigError(f"split={cfg.split!r} has no items in data '{data_cfg.name}': use train, val or test")
+    check_image_set(cfg.server, dataset.records, cfg.split)  # a file the server would not take: before decoding
     items = FeatureItems(records[: cfg.max_items] if cfg.max_items else records, store)
     loader = DataLoader(CaptionEvalDataset(items), batch_size=cfg.batch_size, shuffle=False,
                         num_workers=cfg.num_workers, collate_fn=collate)
@@ -241,11 +248,12 @@ def write_results(cfg: EvaluateConfig, d: Decoded, out: Path, scores: dict[str, 
         ], indent=None)
     if cfg.server:
         records = d.items.records
-        server_file, _ = write_coco_results({d.source_id(i): hyps[i] for i in d.order},
-                                            [r.source_id for r in records], out,
-                                            coco_image_set([r.path for r in records], cfg.split),
-                                            cfg.server_alg or run_name(d.paths))
-        log.info("%s server file: %s (zipped: %s)", cfg.server, server_file, out / "results.zip")
+        server_file = write_coco_results({d.source_id(i): hyps[i] for i in d.order},
+                                         [r.source_id for r in records], out,
+                                         coco_image_set([r.path for r in records], cfg.split),
+                                         cfg.server_alg or run_name(d.paths))
+        log.info("%s server file: %s (the upload zips it with the other set's: captioning.evaluation.server.pack)",
+                 cfg.server, server_file)
 
 
 def ground(cfg: EvaluateConfig, d: Decoded) -> tuple[dict | None, dict | None]:

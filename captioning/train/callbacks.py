@@ -1,9 +1,13 @@
-"""Training callbacks of our own: progress that suits log files.
+"""Training callbacks of our own: progress that suits log files, and the two the job always adds.
 
 ``progress_bar`` picks Lightning's live bar on a terminal and ``LineProgress`` elsewhere (SLURM,
 CI, pipes), where a live bar writes one line per step.  Built from ``conf/callbacks/progress.yaml``
 (a ``_target_`` node) like Lightning's own callbacks; the attention images of each validation are
 ``captioning.caption.callbacks.AttentionImages`` (they draw with the caption API).
+
+``DataEpoch`` tells the training data which epoch it is serving (SCST's reference draw is seeded by
+it); ``RecordSchedule`` adds the learning-rate schedule's length, resolved when training starts, to
+the run folder's record (``captioning.train.run_folder``).  ``captioning.train.job`` adds both.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import torch
 from pytorch_lightning.callbacks import ProgressBar
 
 from captioning.errors import ConfigError
+from captioning.utils.io import atomic_write_json, read_json
 
-__all__ = ["LineProgress", "progress_bar"]
+__all__ = ["DataEpoch", "LineProgress", "RecordSchedule", "progress_bar"]
 
 log = logging.getLogger("captioning.progress")
 
@@ -97,6 +102,33 @@ class LineProgress(ProgressBar):
         scores = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         log.info("%s validation (%s)%s", self._epoch(trainer), _clock(time.monotonic() - self._val_start),
                  _format(scores))
+
+
+class DataEpoch(pl.Callback):
+    """Each training epoch's number to a training dataset that draws per epoch (``set_epoch``) as
+    the epoch starts (Lightning sets only the sampler's; the data module sets the first epoch's
+    when it makes the loader, whose first batch is read before this hook)."""
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        set_epoch = getattr(getattr(trainer.train_dataloader, "dataset", None), "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(trainer.current_epoch)
+
+
+class RecordSchedule(pl.Callback):
+    """When training starts (rank zero): the schedule's length the module resolved
+    (``run_record["schedule_steps"]``) into the run folder's record ``record_path``."""
+
+    def __init__(self, record_path: Any) -> None:
+        self.record_path = record_path
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        steps = (getattr(pl_module, "run_record", None) or {}).get("schedule_steps")
+        if not trainer.is_global_zero or steps is None:
+            return
+        record = read_json(self.record_path, "run record")
+        record["run"]["schedule_steps"] = steps
+        atomic_write_json(self.record_path, record)
 
 
 def _clock(seconds: float) -> str:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import errno
 import io
+import os
 import pickle
+import shutil
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,13 +52,47 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             ) from e
 
 
+BEST_NAME = "best.ckpt"
+
+
 class ResumableCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose ``last.ckpt`` is refreshed after EVERY validation.
+    """``ModelCheckpoint`` whose ``last.ckpt`` is refreshed after EVERY validation, and whose best
+    checkpoint is also ``best.ckpt`` beside it.
 
     Lightning 2.x refreshes ``last.ckpt`` only when a top-k checkpoint was saved at the same step,
     so after an epoch that did not improve the monitored score, ``last.ckpt`` is stale and a resumed
     run would silently repeat epochs.  Here a killed run loses at most the epoch in progress.
+
+    ``best.ckpt`` is a hard link to (on a file system without them: a copy of) the best ranked
+    checkpoint (``best_model_path``), replaced atomically each time another one becomes the best;
+    it stays when Lightning deletes the ranked file it linked, and a resumed run keeps it.  A run
+    that keeps no ranked checkpoint (``save_top_k=0``) has no ``best.ckpt``.
     """
+
+    def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        if filepath == self.best_model_path:
+            self._link_best(trainer)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        super().on_train_start(trainer, pl_module)
+        best = Path(self.dirpath or "", BEST_NAME)
+        if self.best_model_path and not best.exists():  # a run resumed from before best.ckpt existed
+            self._link_best(trainer)
+
+    def _link_best(self, trainer: Any) -> None:
+        source = Path(self.best_model_path)
+        if not trainer.is_global_zero or "://" in str(source) or not source.is_file():
+            return
+
+        def link(tmp: Path) -> None:
+            tmp.unlink()
+            try:
+                os.link(source, tmp)
+            except OSError:
+                shutil.copyfile(source, tmp)
+
+        atomic_write(source.parent / BEST_NAME, link)
 
     def _refresh_last(self, trainer: Any) -> None:
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from captioning.data.datamodule import Batch, CaptionDataModule, FeatureItems
 from captioning.data.vocab import Vocabulary
@@ -274,7 +274,9 @@ class ImageCaptionDataModule(CaptionDataModule):
         self.preprocessing = preprocessing
 
     def _loader(self, dataset: Dataset, batch_size: int, shuffle: bool) -> DataLoader:
-        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=self.num_workers,
+        # seeded as CaptionDataModule's loaders: the number of workers changes nothing
+        return DataLoader(dataset, batch_size=batch_size, sampler=RandomSampler(dataset) if shuffle else None,
+                          generator=torch.Generator().manual_seed(self.seed), num_workers=self.num_workers,
                           collate_fn=functools.partial(collate_images, pad=self.vocab.pad),
                           pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0)
 
@@ -309,7 +311,7 @@ def finetune_data(cfg: Any, splits: dict, store: Any, vocab: Vocabulary) -> tupl
     dm = ImageCaptionDataModule(
         splits, store, vocab, media_dir=cfg.data.media_dir, preprocessing=stored_preprocessing(store.meta),
         max_length=cfg.data.max_length, batch_size=cfg.data.batch_size, eval_batch_size=cfg.eval_batch_size,
-        num_workers=cfg.data.num_workers,
+        num_workers=cfg.data.num_workers, seed=cfg.seed,
     )
     return dm, meta
 

@@ -2,9 +2,10 @@
 
 ``train(TrainConfig)`` reads the dataset and its features, builds the vocabulary, and fits the
 ``CaptioningModule`` (teacher forcing; validation decodes and scores BLEU/CIDEr) with checkpoints,
-early stopping and TensorBoard/CSV logs under ``output_dir``.  A run whose ``checkpoints/last.ckpt``
-exists resumes from it (same vocabulary and features required); the CSV log keeps the rows before
-the checkpoint.  ``captioning-train`` composes the ``TrainConfig`` and calls ``train``.
+early stopping and TensorBoard/CSV logs under ``output_dir``.  The folder's record ``run.json`` (the
+run's identity, ``captioning.train.run_folder``) is written before the first step; a run whose
+``checkpoints/last.ckpt`` exists resumes from it (the same run, vocabulary and features required);
+the CSV log keeps the rows before the checkpoint.  ``captioning-train`` composes the ``TrainConfig`` and calls ``train``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from captioning.models.search import DecodeConfig
 from captioning.provenance import provenance
 from captioning.store.feature_store import store_id
 from captioning.store.streams import open_features
+from captioning.train.callbacks import DataEpoch, RecordSchedule
 from captioning.train.checkpoint import (
     AtomicCheckpointIO,
     check_compatible,
@@ -38,8 +40,18 @@ from captioning.train.checkpoint import (
     load_checkpoint,
 )
 from captioning.train.finetune import FinetuneConfig, FinetuneModule, finetune_data
-from captioning.train.identity import decide_resume, fingerprint, hold_run_folder
+from captioning.train.identity import run_config
 from captioning.train.module import CaptioningModule, OptimConfig, config_dict
+from captioning.train.relaunch import as_single_run
+from captioning.train.run_folder import (
+    RECORD_NAME,
+    decide_resume,
+    hold_run_folder,
+    read_record,
+    run_entry,
+    world_size,
+    write_record,
+)
 from captioning.train.scst import ScstConfig
 from captioning.train.stage import stage_of
 from captioning.utils.io import atomic_write_json, atomic_write_text
@@ -166,19 +178,23 @@ def restore_csv_history(logger, path: Path, header: list[str], rows: list[dict])
 def train(cfg: TrainConfig) -> dict:
     """Fit; returns a summary (best checkpoint, best score, steps, run fingerprint, provenance).
 
-    The run folder is checked first: a ``last.ckpt`` of another run (another fingerprint) is
-    refused before anything in the folder is written (``identity.decide_resume``), and so is a
-    folder another process is training (``identity.hold_run_folder``).
+    The run folder is checked first: its record (``run.json``) or ``last.ckpt`` of another run
+    (another fingerprint) is refused before anything in the folder is written
+    (``run_folder.decide_resume``), and so is a folder another process is training
+    (``run_folder.hold_run_folder``).  The run's record is written once its data are read and
+    checked, before the first step: a config whose data are refused leaves no record.
     """
     decoder_config(cfg.model)  # a bad model config stops here, before any data is read
     stage = stage_of(config_dict(cfg))
     cfg.scst.validate()
     out = Path(cfg.output_dir)
-    config = config_dict(cfg)
-    run_fp = fingerprint(config)
+    config = run_config(config_dict(cfg))  # the config and its store's identity
+    processes = world_size(cfg.trainer)
     ckpt = out / "checkpoints" / "last.ckpt"
-    with hold_run_folder(out, rank_zero_only.rank):  # one process per run folder
-        resume_from = str(ckpt) if resume_decision(cfg.resume, ckpt, config) else None
+    rank = rank_zero_only.rank
+    with hold_run_folder(out, rank):  # one process per run folder
+        resume_from = str(ckpt) if resume_decision(cfg.resume, ckpt, config, processes) else None
+        run = run_entry(config, processes)
         with run_record(out, cfg):
             pl.seed_everything(cfg.seed, workers=True)
             table, store = read_data(cfg)
@@ -190,26 +206,31 @@ def train(cfg: TrainConfig) -> dict:
                 dm = CaptionDataModule(
                     table, store, vocab, max_length=cfg.data.max_length, batch_size=cfg.data.batch_size,
                     eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=stage == "scst",
+                    seed=cfg.seed,
                 )
-            if rank_zero_only.rank == 0:  # temp files of checkpoint writes a killed run left behind
+            if rank == 0:  # temp files of checkpoint writes a killed run left behind
                 for stale in ckpt.parent.glob(".*.tmp"):
                     stale.unlink(missing_ok=True)
             resume_step = check_resumable(resume_from, vocab.to_dict(), meta)
+            if rank == 0:  # the data checked: from here on the folder says which run it holds
+                write_record(out, config, run)
             module_cls = FinetuneModule if stage == "finetune" else CaptioningModule
             extra = {"initial_weights": not resume_from} if stage == "finetune" else {}
             model = module_cls(config=config, vocab=vocab.to_dict(), feature_meta=meta, **extra)
             parent = None
             if cfg.init_from and not resume_from:  # e.g. XE -> SCST: a new run from a finished one's weights
                 parent = init_weights(model, cfg.init_from, vocab.to_dict(), dict(store.meta))
-            model.run_record = {"fingerprint": run_fp, "provenance": provenance(store=store_id(store.meta), run=run_fp),
+            model.run_record = {**run, "provenance": provenance(store=store_id(store.meta), run=run["fingerprint"]),
                                 **({"parent": parent} if parent else {})}
             trainer = build_trainer(cfg, out, resume_step)
-            trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
+            with as_single_run():  # DDP ranks > 0 of a sweep job: started as this job alone
+                trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
             return write_summary(trainer, out, ckpt, vocab, dm, model.run_record)
 
 
-def resume_decision(policy: str, ckpt: Path, config: dict) -> bool:
-    """Whether this run resumes ``ckpt``; refuses (one line) a folder holding another run."""
+def resume_decision(policy: str, ckpt: Path, config: dict, processes: int | None = None) -> bool:
+    """Whether this run resumes ``ckpt``; refuses (one line) a folder whose record or checkpoint
+    holds another run."""
     saved = None
     if ckpt.is_file():
         try:
@@ -218,7 +239,7 @@ def resume_decision(policy: str, ckpt: Path, config: dict) -> bool:
             raise CheckpointError(f"cannot resume: {e}. To start this run afresh, move {ckpt} away") from None
         saved = {"config": state["hyper_parameters"]["config"], "run": state.get("run")}
         del state
-    return decide_resume(policy, ckpt, config, saved)
+    return decide_resume(policy, ckpt, config, saved, read_record(ckpt.parent.parent), processes)
 
 
 def check_resumable(resume_from: str | None, vocab: dict, meta: dict) -> int | None:
@@ -256,9 +277,10 @@ def read_data(cfg: TrainConfig) -> tuple[CaptionTable, Any]:
 
 
 def build_trainer(cfg: TrainConfig, out: Path, resume_step: int | None) -> pl.Trainer:
-    """The Lightning Trainer with the configured loggers and callbacks, atomic checkpoint writes."""
+    """The Lightning Trainer with the configured loggers and callbacks (and the job's own: the
+    epoch to the data, the schedule's length to the run's record), atomic checkpoint writes."""
     loggers = build_loggers(cfg, resume_step)
-    callbacks = build_callbacks(cfg, loggers)
+    callbacks = [*build_callbacks(cfg, loggers), DataEpoch(), RecordSchedule(out / RECORD_NAME)]
     return pl.Trainer(**cfg.trainer.kwargs(
         callbacks=callbacks, logger=loggers or False, default_root_dir=str(out), plugins=[AtomicCheckpointIO()],
         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),  # none: no checkpoints
@@ -273,6 +295,7 @@ def write_summary(trainer: pl.Trainer, out: Path, ckpt: Path, vocab: Any, dm: An
     summary = {
         "run_dir": str(out),
         "fingerprint": run["fingerprint"],
+        "schedule_steps": run.get("schedule_steps"),
         "best_checkpoint": best,
         "last_checkpoint": str(ckpt) if ckpt.is_file() else None,
         "best_val_CIDEr": float(score) if score is not None else None,

@@ -45,6 +45,9 @@ class OptimConfig:
     step_epochs: int = 5  # step: decay every step_epochs epochs
     gamma: float = 0.5  # step/plateau decay factor
     min_lr_ratio: float = 0.05  # cosine: final lr = lr * min_lr_ratio
+    # cosine: its length in optimizer steps; null: the budget's (resolved once at the start and
+    # stored in every checkpoint). Fixed, a larger budget continues the run on the same schedule
+    schedule_steps: int | None = None
     label_smoothing: float = 0.0
     nonfinite: str = "skip"  # a NaN/inf loss: skip the optimizer step (and say which batch) | stop
 
@@ -103,6 +106,7 @@ class CaptioningModule(pl.LightningModule):
         self._compiled_loss: Any = None
         self._val_outputs: list[tuple[int, str]] = []
         self._skip_step = False
+        self._schedule_steps: int | None = None  # the cosine schedule's length, once resolved
         self.last_val_predictions: dict[int, str] = {}
 
     # ------------------------------------------------------------------ training
@@ -257,7 +261,7 @@ class CaptioningModule(pl.LightningModule):
         if cfg.scheduler == "none":
             return optimizer
         if cfg.scheduler == "cosine":
-            total = max(1, int(self.trainer.estimated_stepping_batches))
+            total = self.schedule_steps()
 
             def factor(step: int) -> float:
                 if step < cfg.warmup_steps:
@@ -276,6 +280,21 @@ class CaptioningModule(pl.LightningModule):
                     "lr_scheduler": {"scheduler": sched, "monitor": "val/CIDEr", "interval": "epoch"}}
         raise CaptioningError(f"optim.scheduler={cfg.scheduler!r} is not one of none, cosine, step, plateau")
 
+    def schedule_steps(self) -> int:
+        """The cosine schedule's length in optimizer steps: ``optim.schedule_steps``, else the
+        length this run resolved when it started (restored with its checkpoint), else the budget's
+        (``trainer.estimated_stepping_batches``); recorded in ``run_record`` (every checkpoint)."""
+        steps = self.optim_cfg.schedule_steps
+        steps = self._schedule_steps if steps is None else steps
+        if steps is None:
+            steps = int(self.trainer.estimated_stepping_batches)
+        if int(steps) < 1:
+            raise CaptioningError(f"optim.schedule_steps={steps}: the schedule needs at least 1 step")
+        self._schedule_steps = int(steps)
+        if self.run_record is not None:
+            self.run_record["schedule_steps"] = self._schedule_steps
+        return self._schedule_steps
+
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # the run's fingerprint and provenance (captioning.train.identity, captioning.provenance)
@@ -292,6 +311,8 @@ class CaptioningModule(pl.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # a resumed run keeps the schedule it resolved at its start (never rebuilt over a new budget)
+        self._schedule_steps = (checkpoint.get("run") or {}).get("schedule_steps") or self._schedule_steps
         rng = checkpoint.get("rng")
         if not rng:
             return

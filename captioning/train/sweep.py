@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from captioning.config import to_config
 from captioning.errors import CaptioningError
-from captioning.train.identity import fingerprint
+from captioning.train.identity import fingerprint, run_config
 from captioning.train.job import TrainConfig
 from captioning.train.module import config_dict
 from captioning.utils.io import atomic_write_json, atomic_write_text
@@ -76,7 +76,7 @@ def sweep_job_folder(*, _root_: DictConfig) -> str:
         cfg = to_config(OmegaConf.create(container), TrainConfig)
     except (CaptioningError, OmegaConfBaseException):
         return f"job{num}-invalid"
-    return f"{cfg.run_name}-{fingerprint(config_dict(cfg))}"
+    return f"{cfg.run_name}-{fingerprint(run_config(config_dict(cfg)))}"
 
 
 class SweepSummary(Callback):
