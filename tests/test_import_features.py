@@ -35,8 +35,9 @@ from captioning.features.importing import (
 )
 from captioning.models.decoders import build_decoder
 from captioning.models.positions import layout_from_meta
-from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+from captioning.store.feature_store import FeatureStore
 from captioning.store.streams import open_features
+from captioning.store.writer import FeatureStoreWriter
 from captioning.viz.gallery import captions_errors, result_entry
 from captioning.viz.heatmaps import box_heat, build_result_figure, plot_result, scale_boxes
 

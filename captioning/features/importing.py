@@ -58,7 +58,9 @@ from captioning.config import DataConfig
 from captioning.data.annotations import read_dataset
 from captioning.errors import ConfigError, DataError
 from captioning.registry import Registry
-from captioning.store.feature_store import DTYPES, FeatureStore, FeatureStoreWriter
+from captioning.store.feature_store import FeatureStore
+from captioning.store.layout import DTYPES
+from captioning.store.writer import FeatureStoreWriter
 from captioning.utils.io import read_json
 
 log = logging.getLogger("captioning.import")
