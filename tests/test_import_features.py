@@ -22,17 +22,16 @@ from captioning.evaluation.grounding import (
     region_centres_in_box,
 )
 from captioning.features.featurize import encoder_config
-from captioning.features.importing import (
-    FORMATS,
+from captioning.features.formats import (
+    FEATURE_FORMATS,
     BadRecord,
     ImportConfig,
     Regions,
     fit_regions,
-    import_features,
     keep_rows,
-    parse_tsv_row,
-    rank_of,
 )
+from captioning.features.formats.bottom_up_tsv import parse_tsv_row
+from captioning.features.importing import import_features, rank_of
 from captioning.models.decoders import build_decoder
 from captioning.models.positions import layout_from_meta
 from captioning.store.feature_store import FeatureStore
@@ -240,9 +239,9 @@ def test_hdf5_plain_datasets_and_id_format(tiny: dict) -> None:
 
 
 def test_every_format_is_a_registered_reader() -> None:
-    assert FORMATS.names() == ["npz_dir", "npy_dir", "bottom_up_tsv", "hdf5"]
+    assert sorted(FEATURE_FORMATS.names()) == ["bottom_up_tsv", "hdf5", "npy_dir", "npz_dir"]
     with pytest.raises(ConfigError, match="format='csv' is not a registered feature format; use "):
-        FORMATS.get("csv")
+        FEATURE_FORMATS.get("csv")
 
 
 def test_keep_rows_by_overflow_policy() -> None:

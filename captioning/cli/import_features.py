@@ -18,7 +18,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
-from captioning.features.importing import ImportConfig, import_features
+from captioning.features.formats import ImportConfig
+from captioning.features.importing import import_features
 
 __all__ = ["ImportConfig", "main"]
 
