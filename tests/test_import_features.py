@@ -38,7 +38,8 @@ from captioning.store.feature_store import FeatureStore
 from captioning.store.streams import open_features
 from captioning.store.writer import FeatureStoreWriter
 from captioning.viz.gallery import captions_errors, result_entry
-from captioning.viz.heatmaps import box_heat, build_result_figure, plot_result, scale_boxes
+from captioning.viz.heatmaps import build_result_figure, plot_result
+from captioning.viz.region_boxes import box_heat, scale_boxes
 
 D = 8  # feature dim of the fixtures
 N_ITEMS = 12  # annotation ids 1..12 (make_tiny_image_dataset)
