@@ -16,11 +16,8 @@ from captioning.caption.api import CaptionResult
 from captioning.caption.callbacks import attention_image
 from captioning.config import DataConfig
 from captioning.errors import CheckpointError, ConfigError, DataError
-from captioning.evaluation.grounding import (
-    evaluate_grounding,
-    region_box_overlap,
-    region_centres_in_box,
-)
+from captioning.evaluation.grounding import evaluate_grounding
+from captioning.evaluation.object_regions import region_box_overlap, region_centres_in_box
 from captioning.features.featurize import encoder_config
 from captioning.features.formats import (
     FEATURE_FORMATS,
