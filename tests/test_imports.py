@@ -137,7 +137,7 @@ def test_every_cli_module_is_thin():
 #: The pipeline's rooms, lowest first: a package imports only from its own room and the rooms
 #: before it (metrics sit below train, which scores validation with them; the evaluate job, which
 #: loads trained models, sits above train in evaluation/).
-LAYERS = ["errors", "registry", "utils", "config", "provenance", "predictions", "store", "data", "metrics", "features",
+LAYERS = ["errors", "registry", "utils", "config", "jobs", "provenance", "predictions", "store", "data", "metrics", "features",
           "models", "viz", "train", "evaluation", "caption", "reproduce", "benchmarks", "demo", "cli"]
 
 
