@@ -514,15 +514,16 @@ def test_no_stale_names():
 #   the next name defined at its top level, and a name after a class one of the class's members;
 # - a CamelCase name (two capitals or more: ``FeatureStore``, ``DecoderConfig``), with an optional
 #   ``.member``, or a capitalised word with a member (``Vocabulary.build``): a class, function or
-#   constant the package defines or imports (or ``EXTERNAL``), and a member of that class;
+#   constant the package defines or imports (or ``EXTERNAL``; a name its JavaScript declares), and
+#   a member of that class;
 # - an upper-case name (``READERS``, ``FORMAT_KIND``; an underscore or four letters or more): a name
 #   the package defines or imports, or a string it reads (an environment variable, a metric key);
-# - ``name(...)`` (a call of a lower-case name without dots): a function or method of the package,
-#   or a builtin;
+# - ``snake_name(...)`` (a call of a lower-case name with an underscore, without dots): a function
+#   or method of the package, or a builtin;
 # - a file path ending in .py (prose too), or under one of the fully tracked folders (``conf/``,
 #   ``tests/``, ``docs/``, ...) ending in a file suffix: a tracked file, found from the repository
 #   root, from ``captioning/`` or, for a name shortened to its last parts, by its end.
-# Spans holding a placeholder (``<name>``), a command (``python -m ...``) or a lower-case dotted name
+# Spans holding a placeholder (``<name>``), a URL (``://``), a command (``python -m ...``) or a lower-case dotted name
 # that is no module path of the package (``store.read``, ``torch.load``) are not code-name claims.
 # Anywhere in the docs and docstrings, an absolute path of one machine is refused (``MACHINE_PATH``).
 
@@ -550,6 +551,7 @@ class CodeIndex:
     functions: set[str]  # every function and method name
     strings: set[str]  # string constants and ${oc.env:NAME}s of conf/ (environment variables, metric keys)
     imported: set[str]  # every name the package imports (at module level or in a function)
+    scripts: set[str]  # the names the package's JavaScript declares (const, let, var, function, class)
     files: set[str]  # tracked files, relative to the repository
 
 
@@ -609,9 +611,11 @@ def code_index(repo: Path = REPO) -> CodeIndex:
                 strings.add(node.value)
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    scripts = {m.group(1) for path in (repo / "captioning").rglob("*.js") for m in
+               re.finditer(r"\b(?:const|let|var|function|class)\s+([A-Za-z_$][\w$]*)", path.read_text(encoding="utf-8"))}
     for path in (repo / "conf").rglob("*.yaml"):
         strings |= set(re.findall(r"\$\{oc\.env:(\w+)", path.read_text(encoding="utf-8")))
-    return CodeIndex(modules, members, functions, strings, imported, tracked_files(repo))
+    return CodeIndex(modules, members, functions, strings, imported, scripts, tracked_files(repo))
 
 
 def _dotted_problem(name: str, index: CodeIndex) -> str | None:
@@ -632,7 +636,7 @@ def _dotted_problem(name: str, index: CodeIndex) -> str | None:
 
 def _known_name(name: str, index: CodeIndex) -> bool:
     return (any(name in names for names in index.modules.values()) or name in index.functions
-            or name in index.imported or name in EXTERNAL)
+            or name in index.imported or name in index.scripts or name in EXTERNAL)
 
 
 def path_problem(token: str, index: CodeIndex) -> str | None:
@@ -655,7 +659,7 @@ def span_problems(span: str, index: CodeIndex, calls: bool = True) -> list[str]:
     (``calls``: also check ``name(...)``; docstrings write formulas that way)."""
     text = span.strip().lstrip("@")
     out = [f"`{token}`: {why}" for token in PATH_TOKEN.findall(text) for why in [path_problem(token, index)] if why]
-    if "<" in text or re.match(r"(python3?|pytest|make|captioning-[\w-]+)\s", text) or text.startswith("-"):
+    if "<" in text or "://" in text or re.match(r"(python3?|pytest|make|captioning-[\w-]+)\s", text) or text.startswith("-"):
         return out
     m = re.match(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", text)
     if not m or text[m.end():].startswith("=") or m.group(0).rsplit(".", 1)[-1] in DATA_SUFFIXES:
@@ -674,7 +678,7 @@ def span_problems(span: str, index: CodeIndex, calls: bool = True) -> list[str]:
             why = f"{parts[0]} has no member {parts[1]}"
         else:
             why = None
-    elif calls and len(parts) == 1 and text[m.end():].startswith("(") and head[:1].islower():
+    elif calls and len(parts) == 1 and text[m.end():].startswith("(") and head[:1].islower() and "_" in head:
         why = None if head in index.functions or hasattr(builtins, head) else f"the package has no function {head}"
     else:
         why = None
@@ -732,14 +736,15 @@ def test_the_code_name_checker_finds_what_does_not_exist(tmp_path):
         "import os\nclass DecodeConfig:\n    beam_size: int = 5\n"
         "class Hypothesis:\n    score: float = 0.0\n    def __init__(self):\n        self.tokens = []\n"
         "def beam_search(decoder, cfg):\n    return os.environ['WORLD_SIZE']\n", encoding="utf-8")
+    (tmp_path / "captioning" / "viewer.js").write_text("const Viewer = (() => ({}))();\n", encoding="utf-8")
     doc = tmp_path / "a.md"
     doc.write_text(
         "`captioning.models.search.DecodeConfig.beam_size`, `captioning.models.search.beam_search`,\n"
         "`DecodeConfig`, `Hypothesis.tokens`, `WORLD_SIZE`, `beam_search(decoder, cfg)`, `len(x)`, `store.read`,\n"
-        "`conf/model/<name>.yaml`, `python -m captioning.nothing`, `models/search.py`, search.py\n"
+        "`conf/model/<name>.yaml`, `python -m captioning.nothing`, `models/search.py`, search.py, `fetch()`,\n"
         "`captioning.models.decoder`, `captioning.models.search.greedy`, `DecoderConfig`, `Hypothesis.attention`,\n"
         "`READERS`, `greedy_decode(decoder)`, `models/decoder.py`, decoder.py, `conf/model/lstm.yaml`\n"
-        "The venv is `/work/main/.venv`; see /home/me/x and [a link](/srv/venv/bin).\n"
+        "The venv is `/work/main/.venv`; see /home/me/x and [a link](/srv/venv/bin); `Viewer.index({...})`, `http(s)://`.\n"
         "```\nFORMAT_KIND in a code block is not a claim\n```\n", encoding="utf-8")
     index = CodeIndex(**{**code_index(tmp_path).__dict__,
                          "files": {"captioning/models/search.py", "captioning/models/__init__.py"}})
