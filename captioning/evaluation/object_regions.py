@@ -88,6 +88,7 @@ class Geometry:
 
 
 def as_geometry(geometry: Geometry | Mapping[str, Any] | None) -> Geometry:
+    """A ``Geometry`` from itself, a store meta, a preprocessing dict or None (identity)."""
     if geometry is None:
         return Geometry()
     if isinstance(geometry, Geometry):
@@ -234,6 +235,7 @@ class Region:
 
 def grid_regions(entry: Mapping[str, Any], objects: Sequence[Mapping[str, Any]], grid: Sequence[int],
                    geom: Geometry, positions: int, valid: int | None, key: str) -> list[Region | None]:
+    """Each object of one image item on the ``grid`` cells (None where it was cropped away)."""
     size = entry.get("size")
     if not size or len(size) != 2:
         raise DataError(f"grounding file: item {key} has no 'size': [W, H]; regenerate the dataset")
@@ -268,6 +270,7 @@ def box_regions(entry: Mapping[str, Any], objects: Sequence[Mapping[str, Any]], 
 
 def video_regions(events: Sequence[Mapping[str, Any]], frames: Sequence[int] | None, positions: int,
                    valid: int | None, grid: Sequence[int] | None, key: str) -> list[Region | None]:
+    """Each event of one video among its valid sampled frames (None where no sampled frame shows it)."""
     if not frames:
         raise DataError(f"grounding: video {key} has no frame_indices; pass the sampled frames of every video")
     k = len(frames)

@@ -149,6 +149,8 @@ def build_meta(meta: Mapping[str, Any], dtype: str | None = None) -> dict[str, A
 
 
 def read_meta(root: Path) -> dict[str, Any]:
+    """The store's ``meta.json`` with its defaults filled in; a DataError naming the fix when it is
+    missing, foreign or newer than this code."""
     path = root / "meta.json"
     if not path.is_file():
         raise DataError(f"no feature store at {root} ({path.name} missing): run captioning-extract first "
@@ -167,6 +169,7 @@ def read_meta(root: Path) -> dict[str, Any]:
 
 
 def check_compatible(root: Path, stored: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+    """Refuse (DataError) to add features of other settings (``settings_diff``, boxes too) to a store."""
     diff = settings_diff(stored, mine, (*COMPARED_KEYS, "boxes"))
     if diff:
         raise DataError(
@@ -194,6 +197,7 @@ def list_indexes(shards_dir: Path) -> list[tuple[int, int, Path]]:
 
 
 def read_index(path: Path) -> dict[str, Any]:
+    """A shard's index (ids, valid counts, frame indices of its rows), checked for consistency."""
     idx = read_json(path, "feature shard index")
     try:
         rows = int(idx["rows"])

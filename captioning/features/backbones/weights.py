@@ -77,6 +77,7 @@ def map_state_dict_by_position(
 
 
 def load_into(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """``model.load_state_dict(state, strict=True)``; a CheckpointError naming ``what`` when it does not fit."""
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
@@ -85,6 +86,7 @@ def load_into(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> No
 
 
 def download_error(name: str, e: Exception) -> ConfigError:
+    """The one-line error of a failed ``weights=pretrained`` download, with the offline choices."""
     return ConfigError(
         f"encoder.weights=pretrained for {name}: download failed ({type(e).__name__}: "
         f"{str(e).splitlines()[0] if str(e) else ''}); offline? use encoder.weights=none, a local state dict "
@@ -93,6 +95,8 @@ def download_error(name: str, e: Exception) -> ConfigError:
 
 
 def seeded_init(fn: Callable[[], nn.Module]) -> nn.Module:
+    """``fn()`` under a fixed seed (``weights=none``: every process builds the same network), the
+    caller's random state untouched."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_INIT_SEED)
         return fn()

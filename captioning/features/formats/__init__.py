@@ -43,6 +43,8 @@ BOX_TOLERANCE = 1.0  # pixels a box may reach past the image border (detectors c
 
 @dataclass
 class ImportConfig:
+    """``captioning-import``: which features (``format``, ``source``) go into which store, and how."""
+
     data: DataConfig = field(default_factory=DataConfig)
     format: str = MISSING  # npz_dir | npy_dir | bottom_up_tsv | hdf5
     source: str = MISSING  # the folder, file or glob (bottom_up_tsv) to read
@@ -92,11 +94,11 @@ class BadRecord(ValueError):
 
 Reader = Callable[[ImportConfig], Iterator[SourceItem]]
 #: format name -> reader; metadata ``kinds`` (what it can hold) and ``boxes`` (when it gives boxes)
-FEATURE_FORMATS: Registry[Reader] = Registry("feature format", config_key="format",
-                                               discover=__name__)
+FEATURE_FORMATS: Registry[Reader] = Registry("feature format", config_key="format", discover=__name__)
 
 
 def item_folder(source: str, fmt: str) -> Path:
+    """``source`` as the folder of per-item files that ``format=fmt`` reads, or a DataError."""
     path = Path(source)
     if not path.is_dir():
         raise DataError(f"source={source} is not a folder: format={fmt} reads a folder of per-item files")
@@ -104,10 +106,12 @@ def item_folder(source: str, fmt: str) -> Path:
 
 
 def item_files(folder: Path, suffix: str) -> list[Path]:
+    """The files of ``folder`` whose names end with ``suffix`` (hidden ones left out), sorted."""
     return [folder / n for n in sorted(os.listdir(folder)) if n.endswith(suffix) and not n.startswith(".")]
 
 
 def load_boxes(path: Path | None) -> np.ndarray | None:
+    """The boxes [n, 4] of ``path`` (None: the source gives none); a missing file is a BadRecord."""
     if path is None:
         return None
     if not path.is_file():
@@ -116,6 +120,7 @@ def load_boxes(path: Path | None) -> np.ndarray | None:
 
 
 def boxes_file(cfg: ImportConfig, stem: str) -> Path | None:
+    """``boxes_dir/<stem>.npy`` when ``boxes_dir`` is set, else None."""
     return Path(cfg.boxes_dir) / f"{stem}.npy" if cfg.boxes_dir else None
 
 
