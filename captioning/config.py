@@ -9,19 +9,14 @@ the one check of keys against a dataclass schema (job configs, decoder and encod
 from __future__ import annotations
 
 import dataclasses
-import errno
-import functools
 import logging
-import sys
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -219,53 +214,3 @@ def unknown_keys(cfg: Mapping[str, Any] | DictConfig, schema: type, prefix: str 
             value = cfg._get_node(key) if isinstance(cfg, DictConfig) else cfg[key]
             found += unknown_keys(value, sub_type, path + ".")
     return found
-
-
-class JobFailed(CaptioningError):
-    """A sweep job's one-line error, raised instead of exiting: Hydra records the job as failed (the
-    sweep summary shows the line) and goes on with the other jobs."""
-
-
-def _in_multirun() -> bool:
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    if _in_multirun():
-        raise JobFailed(message)
-    sys.exit(2)
-
-
-def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator for job entry points: a CaptioningError, or a full disk, is one line and exit status 2
-    (in a sweep: the job fails with that line and the sweep goes on); the DDP process group, if the
-    job made one, is destroyed when it ends."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except JobFailed:
-            raise
-        except CaptioningError as e:
-            _fail(str(e))
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            where = f" while writing {e.filename}" if e.filename else ""
-            _fail(f"{e.strerror or 'no space left'}{where}; files finished before are intact "
-                  f"(every output is written to a temp file and renamed). Free space and run the same command again")
-        finally:
-            release_process_group()
-
-    return wrapper
-
-
-def release_process_group() -> None:
-    """Destroy the job's ``torch.distributed`` group (DDP ranks) once the job is over: gloo threads
-    left to the interpreter's teardown can abort a finished process (SIGABRT)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()

@@ -4,7 +4,7 @@
 ``metrics.json`` and the other outputs: the package version, the git commit of the checkout the
 code ran from (with a ``dirty`` flag for uncommitted changes; absent for an installed package),
 the torch / Lightning / Python versions, the feature store's identity (``store_id``:
-``captioning.store.feature_store.store_id``) and the run's fingerprint (``captioning.train.identity``).
+``captioning.store.layout.store_id``) and the run's fingerprint (``captioning.train.identity``).
 """
 
 from __future__ import annotations

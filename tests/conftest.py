@@ -77,7 +77,7 @@ def make_tiny_image_dataset(root: Path, n: int = 48, positions: int = 4, dim: in
     one-hot code of (colour, shape); the caption is "a <colour> <shape>". A decoder with
     attention can learn this in a few epochs.
     """
-    from captioning.store.feature_store import FeatureStoreWriter
+    from captioning.store.writer import FeatureStoreWriter
 
     rng = np.random.default_rng(seed)
     colours, shapes = WORDS[:3], WORDS[3:]

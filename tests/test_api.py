@@ -234,7 +234,8 @@ def test_caption_split_decodes_the_checkpoint_feature_store(ckpts, soft, tmp_pat
 
     from captioning import Captioner
     from captioning.config import DataConfig
-    from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+    from captioning.store.feature_store import FeatureStore
+    from captioning.store.writer import FeatureStoreWriter
 
     images = ckpts["images"]
     (tmp_path / "annotations").mkdir()

@@ -14,8 +14,8 @@ from captioning.features.backbones import (
     Preprocessing,
     available_backbones,
     build_backbone,
-    map_state_dict_by_position,
 )
+from captioning.features.backbones.weights import map_state_dict_by_position, weights_digest
 
 # name -> (channels, reduction) of the default layer
 REGISTRY = {
@@ -87,6 +87,12 @@ def test_local_checkpoint_path_roundtrip(tmp_path: Path) -> None:
     assert b.settings()["weights"].startswith("file:r18.pt:sha256=")
 
 
+def test_a_weights_file_is_named_by_the_first_12_hex_digits_of_its_sha256(tmp_path: Path) -> None:
+    path = tmp_path / "w.pt"
+    path.write_bytes(b"abc")  # sha256("abc") = ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad
+    assert weights_digest(path) == "ba7816bf8f01"
+
+
 @pytest.mark.parametrize(
     ("cfg", "match"),
     [
@@ -146,7 +152,7 @@ def test_lite0_state_dict_file_with_lukemelas_keys_runs_like_the_packaged_weight
     """The packaged file given by path (lukemelas keys: a TF port) builds the same TF-padded network."""
     import shutil
 
-    from captioning.features.backbones import packaged_lite0_path
+    from captioning.features.backbones.weights import packaged_lite0_path
 
     path = tmp_path / "lite0.pth"
     shutil.copy(packaged_lite0_path(), path)
@@ -248,7 +254,8 @@ def test_a_new_backbone_is_one_registered_function(monkeypatch) -> None:
     )
     from captioning.features.encoders import build_encoder, encoder_names
 
-    monkeypatch.setattr(BACKBONES, "_entries", dict(BACKBONES._entries))  # registered for this test only
+    # registered for this test only (iterating imports the family modules first: their entries stay)
+    monkeypatch.setattr(BACKBONES, "_entries", {e.name: e for e in BACKBONES})
 
     def tiny_stages(backbone) -> list:
         return list(backbone._features.named_children())

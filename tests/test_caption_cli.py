@@ -239,7 +239,7 @@ def test_raw_video_features_equal_stored_features(video_ckpt):
 def _rebuild_image_figure(entry: dict, image: np.ndarray, hard: bool):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from captioning.viz.heatmaps import brightest_cell, build_image_attention_figure
+    from captioning.viz.image_grid import brightest_cell, build_image_attention_figure
 
     att = np.array(entry["attention"])
     grid = tuple(entry["attention_shape"])
@@ -422,7 +422,7 @@ def test_video_highlights_the_attended_frame(video_ckpt, tmp_path, monkeypatch):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from captioning.cli.caption import caption
-    from captioning.viz.heatmaps import HIGHLIGHT_OVERALL, build_video_attention_figure
+    from captioning.viz.video_frames import HIGHLIGHT_OVERALL, build_video_attention_figure
 
     forced = 4
     _force_attention(monkeypatch, forced)

@@ -140,23 +140,3 @@ def test_the_stage_is_one_value_also_in_older_checkpoints():
     with pytest.raises(ConfigError, match="stage='rl'"):
         stage_of({"stage": "rl"})
     assert without_flags({"enabled": True, "blocks": 2}) == {"blocks": 2}
-
-
-def test_a_job_entry_point_destroys_the_process_group_it_leaves(tmp_path):
-    """Gloo threads left to interpreter teardown can abort a finished DDP process: cli_errors
-    destroys the group when the job returns, and when it fails."""
-    import torch.distributed as dist
-
-    from captioning.config import cli_errors
-    from captioning.errors import ConfigError
-
-    def job(fail: bool) -> str:
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / ('store' + str(fail))}", rank=0, world_size=1)
-        if fail:
-            raise ConfigError("bad")
-        return "done"
-
-    assert cli_errors(job)(False) == "done" and not dist.is_initialized()
-    with pytest.raises(SystemExit):
-        cli_errors(job)(True)
-    assert not dist.is_initialized()

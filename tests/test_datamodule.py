@@ -23,8 +23,9 @@ from captioning.data.datamodule import (
 from captioning.data.records import CaptionRecord
 from captioning.data.vocab import Vocabulary
 from captioning.errors import DataError
-from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+from captioning.store.feature_store import FeatureStore
 from captioning.store.streams import open_features
+from captioning.store.writer import FeatureStoreWriter
 
 N, C = 6, 8
 

@@ -11,6 +11,10 @@
 - every ``test_*.py::test_name`` the docs cite (the reliability table) exists;
 - every checkpoint file the docs and the configs' comments name (``checkpoints/best.ckpt``, ...) is
   one a real training writes (a tiny run through ``captioning-train``), and evaluates;
+- every code name and file path the docs (and data/README.md) and the package's docstrings cite in
+  backticks exists: ``captioning.x.y`` names, CamelCase and upper-case names, ``function(...)``
+  calls, ``models/x.py`` and ``conf/...yaml`` paths (the rules: "code names" below), and no
+  absolute path of one machine (``/work/...``, ``/home/...``, a virtual environment) appears;
 - no stale names anywhere in the docs, the package, the configs or the tests.
 
 All commands run in one subprocess (``python tests/test_docs.py`` reads them as JSON on stdin), so
@@ -20,6 +24,8 @@ take the value the block gives them (``R=...``, the first value of ``for S in 0 
 
 from __future__ import annotations
 
+import ast
+import builtins
 import contextlib
 import importlib
 import importlib.util
@@ -546,6 +552,280 @@ def test_every_checkpoint_the_docs_name_is_written_by_a_training_and_evaluates(t
             env={"OMP_NUM_THREADS": "1"})
     summary = json.loads((run / "train_summary.json").read_text())
     assert json.loads((out / "metrics.json").read_text())["CIDEr"] == pytest.approx(summary["best_val_CIDEr"], abs=1e-6)
+
+
+# ----- code names
+#
+# What counts as a code name, in the docs (README.md, data/README.md, docs/**/*.md: single-backtick
+# spans outside fenced blocks) and in the package's docstrings (double-backtick spans):
+# - a dotted name that starts with ``captioning.`` (or with a module path inside the package, as
+#   ``evaluation.structure.evaluate_structure``): the longest prefix must be a module of the package,
+#   the next name defined at its top level, and a name after a class one of the class's members;
+# - a CamelCase name (two capitals or more: ``FeatureStore``, ``DecoderConfig``), with an optional
+#   ``.member``, or a capitalised word with a member (``Vocabulary.build``): a class, function or
+#   constant the package defines or imports (or ``EXTERNAL``; a name its JavaScript declares), and
+#   a member of that class;
+# - an upper-case name (``READERS``, ``FORMAT_KIND``; an underscore or four letters or more): a name
+#   the package defines or imports, or a string it reads (an environment variable, a metric key);
+# - ``snake_name(...)`` (a call of a lower-case name with an underscore, without dots): a function
+#   or method of the package, or a builtin;
+# - a file path ending in .py (prose too), or under one of the fully tracked folders (``conf/``,
+#   ``tests/``, ``docs/``, ...) ending in a file suffix: a tracked file, found from the repository
+#   root, from ``captioning/`` or, for a name shortened to its last parts, by its end.
+# Spans holding a placeholder (``<name>``), a URL (``://``), a command (``python -m ...``) or a lower-case dotted name
+# that is no module path of the package (``store.read``, ``torch.load``) are not code-name claims.
+# Anywhere in the docs and docstrings, an absolute path of one machine is refused (``MACHINE_PATH``).
+
+CODE_SUFFIXES = ("py", "yaml", "yml", "sh", "ipynb", "toml", "md")
+TRACKED_DIRS = ("captioning/", "conf/", "tests/", "docs/", "scripts/", "notebooks/", ".ci/")
+#: an absolute path of one machine: a home or work folder, a virtual environment, installed packages
+MACHINE_PATH = re.compile(r"(?<![\w.~:])/(?:(?:work|home|Users|root|scratch|mnt)/|(?:[^\s`'\"()]+/)?"
+                          r"(?:\.?venv|virtualenvs?|site-packages)(?=/|\b))[^\s`'\"()]*")
+PATH_TOKEN = re.compile(r"(?<![\w./<>{}*$-])(?:[\w.-]+/)*[\w.-]*\w\.(?:" + "|".join(CODE_SUFFIXES) + r")\b(?![\w/])")
+DATA_SUFFIXES = {"txt", "json", "jsonl", "csv", "tsv", "npy", "npz", "h5", "hdf5", "mp4", "webm", "mkv", "avi", "mov",
+                 "jpg", "jpeg", "png", "pdf", "svg", "html", "ckpt", "pt", "pth", "log", "zip", "gz", "tar"}
+CLASS = re.compile(r"[A-Z][a-z0-9]+")  # a capitalised word: a class name when a .member follows
+CAMEL = re.compile(r"[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+")
+CAPS = re.compile(r"[A-Z][A-Z0-9]*_[A-Z0-9_]+|[A-Z]{4,}")
+#: library names the docs cite that the package neither defines nor imports: name -> module holding it
+EXTERNAL = {"ImageFile": "PIL.ImageFile", "PatchEmbed": "timm.layers", "VideoResNet": "torchvision.models.video"}
+
+
+@dataclass
+class CodeIndex:
+    """What the package defines, read from the syntax trees of ``captioning/**/*.py``."""
+
+    modules: dict[str, set[str]]  # dotted module -> the names at its top level (defined, imported, __all__)
+    members: dict[str, set[str]]  # class name -> its methods, class attributes, fields and self.<name>s
+    functions: set[str]  # every function and method name
+    strings: set[str]  # string constants and ${oc.env:NAME}s of conf/ (environment variables, metric keys)
+    imported: set[str]  # every name the package imports (at module level or in a function)
+    scripts: set[str]  # the names the package's JavaScript declares (const, let, var, function, class)
+    files: set[str]  # tracked files, relative to the repository
+
+
+def _top_level(body: list[ast.stmt]) -> set[str]:
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and node.value is not None:
+                names |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try)):
+            for block in (node.body, node.orelse, getattr(node, "finalbody", []),
+                          *[h.body for h in getattr(node, "handlers", [])]):
+                names |= _top_level(block)
+    return names
+
+
+def _members(cls: ast.ClassDef) -> set[str]:
+    out = _top_level(cls.body)
+    for node in ast.walk(cls):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    out.add(t.attr)
+    return out
+
+
+def tracked_files(repo: Path = REPO) -> set[str]:
+    proc = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True)
+    if proc.returncode == 0 and proc.stdout.strip():
+        return set(proc.stdout.split("\n")) - {""}
+    return {str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file() and ".git" not in p.parts}
+
+
+def code_index(repo: Path = REPO) -> CodeIndex:
+    modules: dict[str, set[str]] = {}
+    members: dict[str, set[str]] = {}
+    functions: set[str] = set()
+    strings: set[str] = set()
+    imported: set[str] = set()
+    for path in sorted((repo / "captioning").rglob("*.py")):
+        parts = list(path.relative_to(repo).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        modules[name] = _top_level(tree.body)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                members.setdefault(node.name, set()).update(_members(node))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions.add(node.name)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                strings.add(node.value)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    scripts = {m.group(1) for path in (repo / "captioning").rglob("*.js") for m in
+               re.finditer(r"\b(?:const|let|var|function|class)\s+([A-Za-z_$][\w$]*)", path.read_text(encoding="utf-8"))}
+    for path in (repo / "conf").rglob("*.yaml"):
+        strings |= set(re.findall(r"\$\{oc\.env:(\w+)", path.read_text(encoding="utf-8")))
+    return CodeIndex(modules, members, functions, strings, imported, scripts, tracked_files(repo))
+
+
+def _dotted_problem(name: str, index: CodeIndex) -> str | None:
+    """Why ``captioning.a.b...`` names nothing, or None."""
+    parts = name.split(".")
+    cut = max(i for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in index.modules or i == 1)
+    module, rest = ".".join(parts[:cut]), parts[cut:]
+    if module not in index.modules:
+        return "no such module"
+    if not rest:
+        return None
+    if rest[0] not in index.modules[module]:
+        return f"{module} defines no {rest[0]}"
+    if len(rest) > 1 and rest[0] in index.members and rest[1] not in index.members[rest[0]]:
+        return f"{rest[0]} has no member {rest[1]}"
+    return None
+
+
+def _known_name(name: str, index: CodeIndex) -> bool:
+    return (any(name in names for names in index.modules.values()) or name in index.functions
+            or name in index.imported or name in index.scripts or name in EXTERNAL)
+
+
+def path_problem(token: str, index: CodeIndex) -> str | None:
+    """Why a cited file path names no tracked file, or None (see the rules above)."""
+    path = token.split("::")[0].rstrip(":")
+    if path.endswith("/"):
+        return None if any(f.startswith(path) or f.startswith("captioning/" + path) for f in index.files) \
+            else "no such folder"
+    if not (path.endswith(".py") or path.startswith(TRACKED_DIRS)):
+        return None
+    if path in index.files or f"captioning/{path}" in index.files:
+        return None
+    if not path.startswith(TRACKED_DIRS) and any(f.endswith("/" + path) for f in index.files):
+        return None
+    return "no such file"
+
+
+def span_problems(span: str, index: CodeIndex, calls: bool = True) -> list[str]:
+    """What a code span (the text between backticks) claims that does not exist, one line each
+    (``calls``: also check ``name(...)``; docstrings write formulas that way)."""
+    text = span.strip().lstrip("@")
+    out = [f"`{token}`: {why}" for token in PATH_TOKEN.findall(text) for why in [path_problem(token, index)] if why]
+    if "<" in text or "://" in text or re.match(r"(python3?|pytest|make|captioning-[\w-]+)\s", text) or text.startswith("-"):
+        return out
+    m = re.match(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", text)
+    if not m or text[m.end():].startswith("=") or m.group(0).rsplit(".", 1)[-1] in DATA_SUFFIXES:
+        return out  # a setting (NAME=value, key=value) or a data file name, not a code name
+    head = m.group(0)
+    parts = head.split(".")
+    if PATH_TOKEN.fullmatch(head):
+        return out
+    if parts[0] == "captioning" or (len(parts) > 2 and f"captioning.{parts[0]}.{parts[1]}" in index.modules):
+        full = head if parts[0] == "captioning" else f"captioning.{head}"
+        why = _dotted_problem(full, index)
+    elif CAMEL.fullmatch(parts[0]) or CAPS.fullmatch(parts[0]) or (len(parts) > 1 and CLASS.fullmatch(parts[0])):
+        if not _known_name(parts[0], index) and not (CAPS.fullmatch(parts[0]) and parts[0] in index.strings):
+            why = f"the package defines no {parts[0]}"
+        elif len(parts) > 1 and parts[0] in index.members and parts[1] not in index.members[parts[0]]:
+            why = f"{parts[0]} has no member {parts[1]}"
+        else:
+            why = None
+    elif calls and len(parts) == 1 and text[m.end():].startswith("(") and head[:1].islower() and "_" in head:
+        why = None if head in index.functions or hasattr(builtins, head) else f"the package has no function {head}"
+    else:
+        why = None
+    return out + ([f"`{span}`: {why}"] if why else [])
+
+
+def doc_code_spans(path: Path) -> list[tuple[int, str]]:
+    """(line, span) of every single-backtick span of a markdown file outside fenced blocks."""
+    prose, _ = split_markdown(path.read_text(encoding="utf-8"))
+    return [(i, m.group(1)) for i, line in enumerate(prose.splitlines(), 1) for m in re.finditer(r"`([^`]+)`", line)]
+
+
+def docstring_spans(path: Path) -> list[tuple[int, str]]:
+    """(line, span) of every double-backtick span of a module's docstrings."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                line = node.body[0].lineno
+                out += [(line + doc[: m.start()].count("\n"), " ".join(m.group(1).split()))
+                        for m in re.finditer(r"``(.+?)``", doc, flags=re.S)]
+    return out
+
+
+def code_name_problems(md_files: list[Path], py_files: list[Path], index: CodeIndex, repo: Path = REPO) -> list[str]:
+    """One line per code name or path the docs and docstrings cite that does not exist, and per
+    machine-specific path in them."""
+    problems = []
+    for path in md_files:
+        where = path.relative_to(repo)
+        text = path.read_text(encoding="utf-8")
+        for i, line in enumerate(text.splitlines(), 1):
+            problems += [f"{where}:{i}: {m.group(0)}: a path of one machine" for m in MACHINE_PATH.finditer(line)]
+        problems += [f"{where}:{i}: {p}" for i, span in doc_code_spans(path) for p in span_problems(span, index)]
+        prose, _ = split_markdown(text)
+        for i, line in enumerate(prose.splitlines(), 1):  # file names in the prose, outside spans and links
+            line = re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", "", line))
+            problems += [f"{where}:{i}: {token}: {why}" for token in PATH_TOKEN.findall(line)
+                         for why in [path_problem(token, index)] if why]
+    for path in py_files:
+        where = path.relative_to(repo)
+        for i, span in docstring_spans(path):
+            problems += [f"{where}:{i}: {m.group(0)}: a path of one machine" for m in MACHINE_PATH.finditer(span)]
+            problems += [f"{where}:{i}: {p}" for p in span_problems(span, index, calls=False)]
+    return problems
+
+
+def test_the_code_name_checker_finds_what_does_not_exist(tmp_path):
+    (tmp_path / "captioning" / "models").mkdir(parents=True)
+    (tmp_path / "captioning" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "captioning" / "models" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "captioning" / "models" / "search.py").write_text(
+        '"""Beam search (``captioning.models.search.beam``, ``Hypothesis.score``, ``NoSuchThing``)."""\n'
+        "import os\nclass DecodeConfig:\n    beam_size: int = 5\n"
+        "class Hypothesis:\n    score: float = 0.0\n    def __init__(self):\n        self.tokens = []\n"
+        "def beam_search(decoder, cfg):\n    return os.environ['WORLD_SIZE']\n", encoding="utf-8")
+    (tmp_path / "captioning" / "viewer.js").write_text("const Viewer = (() => ({}))();\n", encoding="utf-8")
+    doc = tmp_path / "a.md"
+    doc.write_text(
+        "`captioning.models.search.DecodeConfig.beam_size`, `captioning.models.search.beam_search`,\n"
+        "`DecodeConfig`, `Hypothesis.tokens`, `WORLD_SIZE`, `beam_search(decoder, cfg)`, `len(x)`, `store.read`,\n"
+        "`conf/model/<name>.yaml`, `python -m captioning.nothing`, `models/search.py`, search.py, `fetch()`,\n"
+        "`captioning.models.decoder`, `captioning.models.search.greedy`, `DecoderConfig`, `Hypothesis.attention`,\n"
+        "`READERS`, `greedy_decode(decoder)`, `models/decoder.py`, decoder.py, `conf/model/lstm.yaml`\n"
+        "The venv is `/work/main/.venv`; see /home/me/x and [a link](/srv/venv/bin); `Viewer.index({...})`, `http(s)://`.\n"
+        "```\nFORMAT_KIND in a code block is not a claim\n```\n", encoding="utf-8")
+    index = CodeIndex(**{**code_index(tmp_path).__dict__,
+                         "files": {"captioning/models/search.py", "captioning/models/__init__.py"}})
+    got = code_name_problems([doc], [tmp_path / "captioning" / "models" / "search.py"], index, repo=tmp_path)
+    assert got == [
+        "a.md:6: /work/main/.venv: a path of one machine",
+        "a.md:6: /home/me/x: a path of one machine",
+        "a.md:6: /srv/venv/bin: a path of one machine",
+        "a.md:4: `captioning.models.decoder`: captioning.models defines no decoder",
+        "a.md:4: `captioning.models.search.greedy`: captioning.models.search defines no greedy",
+        "a.md:4: `DecoderConfig`: the package defines no DecoderConfig",
+        "a.md:4: `Hypothesis.attention`: Hypothesis has no member attention",
+        "a.md:5: `READERS`: the package defines no READERS",
+        "a.md:5: `greedy_decode(decoder)`: the package has no function greedy_decode",
+        "a.md:5: `models/decoder.py`: no such file",
+        "a.md:5: `conf/model/lstm.yaml`: no such file",
+        "a.md:5: decoder.py: no such file",
+        "captioning/models/search.py:1: `captioning.models.search.beam`: captioning.models.search defines no beam",
+        "captioning/models/search.py:1: `NoSuchThing`: the package defines no NoSuchThing",
+    ]
+
+
+def test_every_code_name_in_the_docs_and_docstrings_exists():
+    index = code_index()
+    md = [*doc_files(), REPO / "data" / "README.md"]
+    problems = code_name_problems(md, sorted((REPO / "captioning").rglob("*.py")), index)
+    assert not problems, "names and paths that do not exist:\n" + "\n".join(problems)
+
+
+def test_the_libraries_cited_by_name_hold_those_names():
+    for name, module in EXTERNAL.items():
+        assert hasattr(importlib.import_module(module), name), f"{module} has no {name}"
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def fixture_dataset(root: Path, data: str, annotation: str, kind: str, positions
 
     from captioning.config import DataConfig, to_config
     from captioning.data.annotations import read_dataset
-    from captioning.store.feature_store import FeatureStoreWriter
+    from captioning.store.writer import FeatureStoreWriter
 
     root.mkdir(parents=True)
     shutil.copy(FIXTURES / annotation, root / annotation)

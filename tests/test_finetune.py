@@ -31,7 +31,7 @@ def test_stages_of_each_family(monkeypatch) -> None:
         with torch.device("meta"):
             return build()
 
-    monkeypatch.setattr("captioning.features.backbones._seeded_init", on_meta_device)
+    monkeypatch.setattr("captioning.features.backbones.weights.seeded_init", on_meta_device)
     names = lambda cfg: [n for n, _ in stages(build_backbone(cfg))]  # noqa: E731
     blocks = [f"blocks.{i}" for i in range(7)]
     assert names(LITE0) == ["stem", *blocks, "head"]

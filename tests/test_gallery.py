@@ -232,7 +232,7 @@ def test_index_html_refuses_unsafe_figure_paths(tmp_path):
 
 
 def test_end_to_end_with_real_figure(tmp_path):
-    from captioning.viz.heatmaps import image_attention_figure
+    from captioning.viz.image_grid import image_attention_figure
 
     e = image_entry()
     img = np.full((64, 64, 3), 128, np.uint8)

@@ -8,14 +8,11 @@ import pytest
 
 from captioning.errors import ConfigError, DataError
 from captioning.evaluation.grounding import (
-    Geometry,
-    Region,
-    cell_box_overlap,
     evaluate_grounding,
-    frames_in_span,
     owners_in_context,
     word_classes_of,
 )
+from captioning.evaluation.object_regions import Geometry, Region, cell_box_overlap, frames_in_span
 
 
 def mass(alpha, region: Region) -> float:

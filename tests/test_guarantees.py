@@ -63,7 +63,8 @@ def store_with(trained: dict, dest: Path, *, settings: dict | None = None, poiso
     """A copy of the run's FeatureStore: with other encoder ``settings`` (same features), or with
     every training item's stored rows set to ``poison`` (bit rot after extraction: the writer
     itself refuses non-finite features)."""
-    from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+    from captioning.store.feature_store import FeatureStore
+    from captioning.store.writer import FeatureStoreWriter
 
     src = FeatureStore.open(trained["features_dir"])
     if settings is not None:

@@ -6,18 +6,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from captioning.viz.heatmaps import (
+from captioning.viz.image_grid import (
     brightest_cell,
-    brightest_frame,
     build_image_attention_figure,
-    build_video_attention_figure,
     cell_center,
     gaussian_blur,
     image_attention_figure,
-    most_attended_frames,
     render_overlay,
-    select_strip_frames,
     upsample_attention,
+)
+from captioning.viz.video_frames import (
+    brightest_frame,
+    build_video_attention_figure,
+    most_attended_frames,
+    select_strip_frames,
     video_attention_figure,
 )
 

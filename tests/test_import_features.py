@@ -16,29 +16,27 @@ from captioning.caption.api import CaptionResult
 from captioning.caption.callbacks import attention_image
 from captioning.config import DataConfig
 from captioning.errors import CheckpointError, ConfigError, DataError
-from captioning.evaluation.grounding import (
-    evaluate_grounding,
-    region_box_overlap,
-    region_centres_in_box,
-)
+from captioning.evaluation.grounding import evaluate_grounding
+from captioning.evaluation.object_regions import region_box_overlap, region_centres_in_box
 from captioning.features.featurize import encoder_config
-from captioning.features.importing import (
-    FORMATS,
+from captioning.features.formats import (
+    FEATURE_FORMATS,
     BadRecord,
     ImportConfig,
     Regions,
     fit_regions,
-    import_features,
     keep_rows,
-    parse_tsv_row,
-    rank_of,
 )
+from captioning.features.formats.bottom_up_tsv import parse_tsv_row
+from captioning.features.importing import import_features, rank_of
 from captioning.models.decoders import build_decoder
 from captioning.models.positions import layout_from_meta
-from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+from captioning.store.feature_store import FeatureStore
 from captioning.store.streams import open_features
+from captioning.store.writer import FeatureStoreWriter
 from captioning.viz.gallery import captions_errors, result_entry
-from captioning.viz.heatmaps import box_heat, build_result_figure, plot_result, scale_boxes
+from captioning.viz.heatmaps import build_result_figure, plot_result
+from captioning.viz.region_boxes import box_heat, scale_boxes
 
 D = 8  # feature dim of the fixtures
 N_ITEMS = 12  # annotation ids 1..12 (make_tiny_image_dataset)
@@ -239,9 +237,9 @@ def test_hdf5_plain_datasets_and_id_format(tiny: dict) -> None:
 
 
 def test_every_format_is_a_registered_reader() -> None:
-    assert FORMATS.names() == ["npz_dir", "npy_dir", "bottom_up_tsv", "hdf5"]
+    assert sorted(FEATURE_FORMATS.names()) == ["bottom_up_tsv", "hdf5", "npy_dir", "npz_dir"]
     with pytest.raises(ConfigError, match="format='csv' is not a registered feature format; use "):
-        FORMATS.get("csv")
+        FEATURE_FORMATS.get("csv")
 
 
 def test_keep_rows_by_overflow_policy() -> None:

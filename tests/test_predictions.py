@@ -10,7 +10,12 @@ import pytest
 
 from captioning.errors import DataError
 from captioning.evaluation.grounding import coverage_entropy
-from captioning.predictions import ATTENTION_FILE, read_predictions, stack_attention, write_predictions
+from captioning.predictions import (
+    ATTENTION_FILE,
+    read_predictions,
+    stack_attention,
+    write_predictions,
+)
 
 
 def test_stack_attention_by_hand():

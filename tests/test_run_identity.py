@@ -184,7 +184,7 @@ def test_a_moved_dataset_is_the_same_run_in_the_composed_config():
 
 
 def test_the_store_is_part_of_the_run_and_its_path_is_not(tmp_path):
-    from captioning.store.feature_store import store_id
+    from captioning.store.layout import store_id
 
     meta = {"settings": {"backbone": "synthetic"}, "kind": "image", "positions": 4, "dim": 16, "grid": [2, 2],
             "dtype": "float16"}
@@ -495,7 +495,8 @@ def other_store(data: dict, dest: Path) -> Path:
     """The same features written with other encoder settings: another store (another store_id)."""
     import numpy as np
 
-    from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+    from captioning.store.feature_store import FeatureStore
+    from captioning.store.writer import FeatureStoreWriter
 
     src = FeatureStore.open(data["features_dir"])
     writer = FeatureStoreWriter(dest, {**dict(src.meta), "settings": {"backbone": "other", "weights": "none"}},

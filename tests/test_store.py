@@ -17,8 +17,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from captioning.errors import ConfigError, DataError, StorageError
-from captioning.store import feature_store as store_mod
-from captioning.store.feature_store import FeatureItem, FeatureStore, FeatureStoreWriter
+from captioning.store import writer as store_mod
+from captioning.store.feature_store import FeatureItem, FeatureStore
+from captioning.store.writer import FeatureStoreWriter
 
 N, C = 6, 8
 META = {"settings": {"backbone": "toy", "weights": "none", "preprocessing": {"size": 32}, "code": "0.1.0"},
@@ -153,7 +154,7 @@ def test_open_errors(tmp_path: Path) -> None:
 CRASH_SCRIPT = textwrap.dedent("""
     import os, sys, json
     import numpy as np
-    from captioning.store import feature_store as st
+    from captioning.store import writer as st
     root, meta = sys.argv[1], json.loads(sys.argv[2])
     real = st.atomic_write_json
     calls = []

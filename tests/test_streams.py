@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from captioning.errors import ConfigError, DataError
-from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+from captioning.store.feature_store import FeatureStore
 from captioning.store.streams import FeatureStreams, open_features
+from captioning.store.writer import FeatureStoreWriter
 
 
 def write_store(root: Path, items: dict[str, tuple[np.ndarray, int, tuple[int, ...] | None]], *, kind: str = "video",

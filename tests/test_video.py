@@ -330,7 +330,7 @@ def test_store_meta_records_the_backend_but_stores_do_not_compare_it(tmp_path: P
     stays compatible (it is not one of the compared settings)."""
     from captioning.features.backbones import EncoderConfig, build_backbone
     from captioning.features.extract import store_meta
-    from captioning.store.feature_store import settings_diff
+    from captioning.store.layout import settings_diff
 
     backbone = build_backbone(EncoderConfig(weights="none", frames=4, frame_size=32))
     meta = store_meta(backbone, "video", "float16")

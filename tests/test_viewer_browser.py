@@ -109,7 +109,7 @@ def make_pointing_dataset(root: Path, n: int = 240, seed: int = 0) -> Path:
     <colour> <shape>" in raster order, the objects' boxes in grounding.json, and a FeatureStore whose
     cell features are noise except the objects' cells, which carry a colour and a shape code.
     Returns the store folder."""
-    from captioning.store.feature_store import FeatureStoreWriter
+    from captioning.store.writer import FeatureStoreWriter
 
     rng = np.random.default_rng(seed)
     side = GRID * CELL

@@ -16,13 +16,8 @@ from conftest import run_cli
 from test_extract import run_extract_cli
 
 from captioning.errors import ConfigError
-from captioning.features.backbones import (
-    EncoderConfig,
-    build_backbone,
-    patch_grid,
-    stages,
-    tokens_to_grid,
-)
+from captioning.features.backbones import EncoderConfig, build_backbone, stages
+from captioning.features.backbones.timm_models import patch_grid, tokens_to_grid
 from captioning.train.finetune import unfreeze_last
 
 VIT = "timm:vit_small_patch16_224"  # 12 blocks, 384 channels, patch 16, one class token

@@ -36,7 +36,7 @@ from captioning.caption.api import Captioner
 from captioning.errors import ConfigError
 from captioning.models.search import DecodeConfig
 from captioning.provenance import provenance, write_provenance
-from captioning.store.feature_store import store_id
+from captioning.store.layout import store_id
 from captioning.viz.gallery import write_gallery
 from captioning.viz.viewer import ViewerConfig
 from captioning.viz.viewer.results import ResultsViewer

@@ -17,7 +17,8 @@ import hydra
 from omegaconf import DictConfig
 
 from captioning.caption.job import CaptionConfig, caption
-from captioning.config import CONF_DIR, cli_errors, to_config
+from captioning.config import CONF_DIR, to_config
+from captioning.jobs import cli_errors
 from captioning.viz.viewer import viewer_switch
 
 __all__ = ["CaptionConfig", "main"]

@@ -17,8 +17,9 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
+from captioning.config import CONF_DIR, register_schema, to_config
 from captioning.evaluation.job import EvaluateConfig, evaluate
+from captioning.jobs import cli_errors
 from captioning.viz.viewer import viewer_switch
 
 __all__ = ["EvaluateConfig", "main"]

@@ -17,8 +17,9 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
+from captioning.config import CONF_DIR, register_schema, to_config
 from captioning.features.job import ExtractConfig, extract
+from captioning.jobs import cli_errors
 
 __all__ = ["ExtractConfig", "main"]
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
+from captioning.config import CONF_DIR, register_schema, to_config
 from captioning.data.synthetic.job import GenerateConfig, generate
+from captioning.jobs import cli_errors
 
 __all__ = ["GenerateConfig", "main"]
 

@@ -17,8 +17,10 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
-from captioning.features.importing import ImportConfig, import_features
+from captioning.config import CONF_DIR, register_schema, to_config
+from captioning.features.formats import ImportConfig
+from captioning.features.importing import import_features
+from captioning.jobs import cli_errors
 
 __all__ = ["ImportConfig", "main"]
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
+from captioning.config import CONF_DIR, register_schema, to_config
+from captioning.jobs import cli_errors
 from captioning.metrics.scoring import ScoreConfig, score
 
 __all__ = ["ScoreConfig", "main"]

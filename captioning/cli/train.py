@@ -17,7 +17,8 @@ import logging
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from captioning.config import CONF_DIR, cli_errors, register_schema, to_config
+from captioning.config import CONF_DIR, register_schema, to_config
+from captioning.jobs import cli_errors
 from captioning.models.decoders import register_schemas, run_tag
 from captioning.train.job import TrainConfig, train
 from captioning.train.sweep import sweep_job_folder

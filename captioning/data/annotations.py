@@ -1,8 +1,9 @@
 """Annotations -> ``CaptionRecord``s: the registered formats, what they check, and ``read_dataset``.
 
-``read_dataset(cfg)`` reads ``cfg.format`` with its registered reader (``FORMATS``; one module per
-format in ``captioning.data.formats``: a new format is one module that registers itself there, plus
-one ``conf/data/<name>.yaml``), then drops duplicate ids and, if asked, items whose file is missing:
+``read_dataset(cfg)`` reads ``cfg.format`` with its registered reader (``ANNOTATION_FORMATS``; one
+module per format in ``captioning.data.formats``: a new format is one module that registers itself
+there, plus one ``conf/data/<name>.yaml``), then drops duplicate ids and, if asked, items whose file
+is missing:
 
 - ``coco``: one COCO captions json per split (``annotations.train/val/test``), indexed with
   pycocotools.  item_id = ``str(image_id)``, source_id = ``image_id``, path = ``file_name``.
@@ -62,7 +63,7 @@ SURROGATE = re.compile("[\udc80-\udcff]")
 Sourced = tuple[str, CaptionRecord]  # (annotation file, record)
 Reader = Callable[[DataConfig, "Problems"], list[Sourced]]
 #: data.format -> reader (metadata: kind image | video); one module each in captioning.data.formats
-FORMATS: Registry[Reader] = Registry("annotation format", config_key="data.format", discover="captioning.data.formats")
+ANNOTATION_FORMATS: Registry[Reader] = Registry("annotation format", config_key="data.format", discover="captioning.data.formats")
 
 
 @dataclass
@@ -213,7 +214,7 @@ def read_dataset(cfg: DataConfig, check_files: bool = False) -> DatasetRecords:
     check_files: also require each item's media file to exist under ``cfg.media_dir``
     (a missing one is an error, or skipped with ``on_error=skip``).
     """
-    fmt = FORMATS.entry(cfg.format)
+    fmt = ANNOTATION_FORMATS.entry(cfg.format)
     kind = fmt.meta["kind"]
     if cfg.kind != kind:
         raise ConfigError(f"data.kind={cfg.kind!r} does not match data.format={cfg.format} (a {kind} format): "

@@ -49,7 +49,7 @@ import numpy as np
 
 from captioning.config import DataConfig
 from captioning.data import annotations, records, tokenizer
-from captioning.data.annotations import FORMATS, SPLITS, read_dataset
+from captioning.data.annotations import ANNOTATION_FORMATS, SPLITS, read_dataset
 from captioning.data.media import video_files_by_id
 from captioning.data.records import CaptionRecord
 from captioning.data.tokenizer import tokenize
@@ -308,7 +308,7 @@ def inputs_hash(cfg: DataConfig) -> str:
                 h.update(b"unreadable")  # the reader reports it
     if cfg.kind == "video":
         h.update(json.dumps(sorted(video_files_by_id(cfg.media_dir).items())).encode())
-    for module in (inspect.getmodule(FORMATS.get(cfg.format)), annotations, records, tokenizer):
+    for module in (inspect.getmodule(ANNOTATION_FORMATS.get(cfg.format)), annotations, records, tokenizer):
         h.update(Path(inspect.getfile(module)).read_bytes())
     return h.hexdigest()
 

@@ -43,7 +43,7 @@ from captioning.models.decoders import run_tag
 from captioning.models.search import DecodeConfig
 from captioning.predictions import ATTENTION_FILE, write_predictions
 from captioning.provenance import provenance, write_provenance
-from captioning.store.feature_store import store_id
+from captioning.store.layout import store_id
 from captioning.store.streams import open_features
 from captioning.train.checkpoint import (
     check_compatible,

@@ -18,14 +18,12 @@ from typing import Any
 import numpy as np
 
 from captioning.errors import CaptioningError
-from captioning.evaluation.grounding import (
+from captioning.evaluation.grounding import class_of_word, owners_in_context, word_classes_of
+from captioning.evaluation.object_regions import (
+    AttentionPositions,
     Geometry,
-    _class_of_word,
-    _Positions,
     box_in_input,
     frames_in_span,
-    owners_in_context,
-    word_classes_of,
 )
 from captioning.features.featurize import display_crop
 from captioning.metrics import compute_metrics
@@ -57,7 +55,7 @@ class WordGrounding:
 
     def __init__(self, grounding: Mapping[str, Any], kind: str, meta: Mapping[str, Any]) -> None:
         self.items, self.kind = grounding.get("items") or {}, kind
-        self.word_class = _class_of_word(word_classes_of(grounding))
+        self.word_class = class_of_word(word_classes_of(grounding))
         self.geometry = Geometry.from_store_meta(meta)
         self.boxes = bool(meta.get("boxes"))
 
@@ -73,7 +71,7 @@ class WordGrounding:
         frames = list(store_item.frame_indices or [])
         boxes = {key: np.array(store_item.boxes[:valid])} if self.boxes and store_item.boxes is not None else None
         sizes = {key: store_item.image_size} if store_item.image_size is not None else {}
-        positions = _Positions(self.kind, layout.grid, self.geometry, boxes, sizes, {key: frames}, {key: valid})
+        positions = AttentionPositions(self.kind, layout.grid, self.geometry, boxes, sizes, {key: frames}, {key: valid})
         try:
             regions = positions.regions(key, entry, objects, alpha.shape[1])
         except CaptioningError as e:  # e.g. the other run's grid does not tile this data

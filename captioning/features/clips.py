@@ -56,11 +56,9 @@ from captioning.features.backbones import (
     BuiltModel,
     EncoderConfig,
     Preprocessing,
-    _seeded_init,
-    file_sha256,
-    load_state_dict_file,
     validate_encoder_config,
 )
+from captioning.features.backbones.weights import load_state_dict_file, seeded_init, weights_digest
 from captioning.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -148,13 +146,13 @@ def _torchvision_video(cfg: EncoderConfig, arch: str) -> tuple[nn.Module, str, A
             ) from None
         weights_id = f"torchvision:{default}"
     else:
-        model = _seeded_init(lambda: get_model(arch, weights=None))
+        model = seeded_init(lambda: get_model(arch, weights=None))
         weights_id = "none"
         if w != "none":
             state = load_state_dict_file(w)
             _check_architecture(state, model, w, cfg.name)
             model.load_state_dict(state, strict=True)
-            weights_id = f"file:{Path(w).name}:sha256={file_sha256(w)}"
+            weights_id = f"file:{Path(w).name}:sha256={weights_digest(w)}"
     model.eval()
     return model, weights_id, default.transforms()
 

@@ -47,7 +47,9 @@ from captioning.errors import ConfigError, DataError, StorageError
 from captioning.features.backbones import Backbone, EncoderConfig, Preprocessing
 from captioning.features.clips import clip_frame_indices, clip_union
 from captioning.features.encoders import is_clip_encoder
-from captioning.store.feature_store import FeatureStore, FeatureStoreWriter, settings_diff
+from captioning.store.feature_store import FeatureStore
+from captioning.store.layout import settings_diff
+from captioning.store.writer import FeatureStoreWriter
 from captioning.utils.io import read_json
 
 log = logging.getLogger("captioning.extract")

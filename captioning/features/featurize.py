@@ -38,7 +38,7 @@ from captioning.features.extract import (
     VideoSampling,
     collate_media,
 )
-from captioning.store.feature_store import settings_diff
+from captioning.store.layout import settings_diff
 from captioning.store.streams import stream_metas
 
 

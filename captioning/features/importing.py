@@ -4,22 +4,9 @@ Since Anderson et al. (2018) the standard image features of captioning are the b
 regions of a Faster R-CNN trained on Visual Genome: 10-100 boxes per image, a 2048-d vector each.
 Video features circulate as one array per video or one HDF5 file.  ``captioning-import`` reads
 them into a FeatureStore (the same store ``captioning-extract`` writes), so training, evaluation
-and captioning from stored features run on them unchanged.  Layouts (``format=``, one reader
-each, registered in ``FORMATS``: a new layout is one function):
-
-- ``npz_dir``: a folder of ``<id>.npz`` holding the features [n, D] under ``key`` (``feat``, as in
-  ruotianluo's ``cocobu_att``); boxes from ``boxes_dir/<id>.npy`` [n, 4] when given (``cocobu_box``);
-- ``npy_dir``: a folder of ``<id>.npy`` [n, D] (e.g. the frame features of each video); boxes as above;
-- ``bottom_up_tsv``: the original TSV (one file, a folder of them, or a glob): tab-separated
-  ``image_id, image_w, image_h, num_boxes, boxes, features`` without a header, ``boxes`` and
-  ``features`` base64 float32 [num_boxes, 4] and [num_boxes, D];
-- ``hdf5``: one HDF5 file keyed by id: a dataset [n, D] per id, or a group per id holding the
-  features under ``key`` (and the boxes under ``boxes_key``; the image size in attributes
-  ``image_w``/``image_h``).
-
-A reader yields ``SourceItem``s, an id and a ``load()`` that decodes that one record, so ids that
-are already stored, not in the annotations or not this rank's are never decoded, and a corrupt
-record costs one failure, not the import.
+and captioning from stored features run on them unchanged.  Layouts (``format=``: ``npz_dir``,
+``npy_dir``, ``bottom_up_tsv``, ``hdf5``): one reader module each in ``captioning.features.formats``,
+registered in ``FEATURE_FORMATS``; a new layout is one module.
 
 Every item is checked as an extraction is: its id must be an annotation id (after ``id_format``),
 its features a finite float [n, D] with the store's D and 1 <= n <= N regions (``max_regions``;
@@ -35,317 +22,33 @@ them into their own shards.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import csv
-import glob
 import logging
-import os
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
-from omegaconf import MISSING
 
-from captioning.config import DataConfig
 from captioning.data.annotations import read_dataset
 from captioning.errors import ConfigError, DataError
-from captioning.registry import Registry
-from captioning.store.feature_store import DTYPES, FeatureStore, FeatureStoreWriter
+from captioning.features.formats import (
+    FEATURE_FORMATS,
+    OVERFLOW,
+    BadRecord,
+    ImportConfig,
+    SourceItem,
+    fit_regions,
+    gives_boxes,
+)
+from captioning.store.feature_store import FeatureStore
+from captioning.store.layout import DTYPES
+from captioning.store.writer import FeatureStoreWriter
 from captioning.utils.io import read_json
 
 log = logging.getLogger("captioning.import")
-
-OVERFLOW = ("fail", "first", "uniform")
-TSV_FIELDS = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
-BOX_TOLERANCE = 1.0  # pixels a box may reach past the image border (detectors clip to W - 1)
-
-
-@dataclass
-class ImportConfig:
-    data: DataConfig = field(default_factory=DataConfig)
-    format: str = MISSING  # npz_dir | npy_dir | bottom_up_tsv | hdf5
-    source: str = MISSING  # the folder, file or glob (bottom_up_tsv) to read
-    name: str = "imported"  # what these features are: stores/checkpoints of other names never mix
-    features_dir: str = MISSING  # conf/import.yaml: ${data.root}/features/${name}
-    key: str = "feat"  # npz_dir: the array of the features; hdf5: their dataset in each id's group
-    boxes_dir: str | None = None  # npz_dir / npy_dir: a folder of <id>.npy boxes [n, 4]
-    boxes_key: str | None = None  # hdf5: the boxes' dataset in each id's group
-    id_format: str = "{}"  # source id -> annotation id, e.g. "video{}" for keys 0, 1, ...
-    max_regions: int | None = None  # N positions per item; None: the largest n of the source (one more pass)
-    overflow: str = "fail"  # an item with n > N: fail | first (its first N rows) | uniform (N evenly spaced)
-    grid: list[int] | None = None  # [h, w]: the rows are a row-major grid, not a set of regions
-    dtype: str = "float16"  # float16 | float32 (stored features)
-    shard_size: int = 256
-    rank: int = 0
-    world_size: int = 1
-    limit: int | None = None  # only the first N items of this rank (smoke runs)
-    progress: bool = True
-
-
-# ------------------------------------------------------------------------------------ readers
-
-
-@dataclass(frozen=True)
-class Regions:
-    """One decoded record: features [n, D]; boxes [n, 4] pixel (x1, y1, x2, y2) or None;
-    image_size (W, H) or None."""
-
-    features: np.ndarray
-    boxes: np.ndarray | None = None
-    image_size: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True)
-class SourceItem:
-    """A record of the source: its id as the source writes it, ``load()`` -> Regions (raises when
-    the record is corrupt) and ``where`` (file, line or key) for the failure list."""
-
-    source_id: str
-    load: Callable[[], Regions]
-    where: str
-
-
-class BadRecord(ValueError):
-    """One record cannot be imported; the message becomes its failure record."""
-
-
-Reader = Callable[[ImportConfig], Iterator[SourceItem]]
-#: format name -> reader; metadata ``kinds`` (what it can hold) and ``boxes`` (when it gives boxes)
-FORMATS: Registry[Reader] = Registry("feature format", config_key="format")
-
-
-def _folder(source: str, fmt: str) -> Path:
-    path = Path(source)
-    if not path.is_dir():
-        raise DataError(f"source={source} is not a folder: format={fmt} reads a folder of per-item files")
-    return path
-
-
-def _item_files(folder: Path, suffix: str) -> list[Path]:
-    return [folder / n for n in sorted(os.listdir(folder)) if n.endswith(suffix) and not n.startswith(".")]
-
-
-def _load_boxes(path: Path | None) -> np.ndarray | None:
-    if path is None:
-        return None
-    if not path.is_file():
-        raise BadRecord(f"no boxes file {path}")
-    return np.load(path, allow_pickle=False)
-
-
-def _boxes_file(cfg: ImportConfig, stem: str) -> Path | None:
-    return Path(cfg.boxes_dir) / f"{stem}.npy" if cfg.boxes_dir else None
-
-
-def _load_npz(path: Path, key: str, boxes: Path | None) -> Regions:
-    with np.load(path, allow_pickle=False) as z:
-        if key not in z.files:
-            raise BadRecord(f"{path.name} has no array {key!r} (it has {', '.join(z.files) or 'none'}): set key=")
-        features = z[key]
-    return Regions(features, _load_boxes(boxes))
-
-
-def _load_npy(path: Path, boxes: Path | None) -> Regions:
-    return Regions(np.load(path, allow_pickle=False), _load_boxes(boxes))
-
-
-@FORMATS.register("npz_dir", kinds=("image", "video"), boxes="boxes_dir")
-def read_npz_dir(cfg: ImportConfig) -> Iterator[SourceItem]:
-    """``<id>.npz`` files with the features under ``cfg.key`` (+ ``boxes_dir/<id>.npy``)."""
-    for path in _item_files(_folder(cfg.source, "npz_dir"), ".npz"):
-        stem = path.name[: -len(".npz")]
-        yield SourceItem(stem, partial(_load_npz, path, cfg.key, _boxes_file(cfg, stem)), str(path))
-
-
-@FORMATS.register("npy_dir", kinds=("image", "video"), boxes="boxes_dir")
-def read_npy_dir(cfg: ImportConfig) -> Iterator[SourceItem]:
-    """``<id>.npy`` files holding the features [n, D] (+ ``boxes_dir/<id>.npy``)."""
-    for path in _item_files(_folder(cfg.source, "npy_dir"), ".npy"):
-        stem = path.name[: -len(".npy")]
-        yield SourceItem(stem, partial(_load_npy, path, _boxes_file(cfg, stem)), str(path))
-
-
-def tsv_files(source: str) -> list[Path]:
-    """The TSV files of ``source``: a file, a folder (its ``*.tsv*`` files) or a glob pattern; sorted."""
-    path = Path(source)
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = [f for f in _item_files(path, "") if ".tsv" in f.name and f.is_file()]
-    else:
-        files = [Path(f) for f in sorted(glob.glob(source)) if Path(f).is_file()]
-    if not files:
-        raise DataError(f"source={source}: no TSV file there (a .tsv file, a folder of them, or a glob)")
-    return files
-
-
-def _b64_floats(text: str, what: str) -> np.ndarray:
-    """A base64 field of float32 values (a Python-3 ``b'...'`` wrapper tolerated) -> [k] float32."""
-    text = text.strip()
-    if text.startswith(("b'", 'b"')) and text[-1:] == text[1]:
-        text = text[2:-1]
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise BadRecord(f"field {what} is not valid base64 ({e})") from None
-    if len(raw) % 4:
-        raise BadRecord(f"field {what} holds {len(raw)} bytes, not whole float32 values")
-    return np.frombuffer(raw, dtype=np.float32)
-
-
-def _int_field(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise BadRecord(f"field {what}={text[:20]!r} is not an integer") from None
-
-
-def parse_tsv_row(row: list[str]) -> Regions:
-    """One bottom-up TSV row (``TSV_FIELDS``) -> Regions; BadRecord names what is wrong."""
-    if len(row) != len(TSV_FIELDS):
-        raise BadRecord(f"has {len(row)} tab-separated fields, expected {len(TSV_FIELDS)} ({', '.join(TSV_FIELDS)})")
-    w, h, n = (_int_field(row[i], TSV_FIELDS[i]) for i in (1, 2, 3))
-    boxes, features = _b64_floats(row[4], "boxes"), _b64_floats(row[5], "features")
-    if n < 1:
-        raise BadRecord(f"num_boxes={n}: an item needs at least one region")
-    if boxes.size != 4 * n:
-        raise BadRecord(f"num_boxes={n} but the boxes field holds {boxes.size / 4:g} boxes")
-    if features.size % n:
-        raise BadRecord(f"num_boxes={n} but the features field holds {features.size} values, not {n} rows")
-    return Regions(features.reshape(n, -1), boxes.reshape(n, 4), (w, h))
-
-
-@FORMATS.register("bottom_up_tsv", kinds=("image",), boxes="always")
-def read_bottom_up_tsv(cfg: ImportConfig) -> Iterator[SourceItem]:
-    """Rows of the bottom-up-attention TSV files (``TSV_FIELDS``, base64 float32 arrays)."""
-    csv.field_size_limit(2**31 - 1)  # a row of 100 x 2048 base64 floats is ~1.1 MB
-    for path in tsv_files(cfg.source):
-        with open(path, newline="", encoding="ascii", errors="replace") as f:
-            for line, row in enumerate(csv.reader(f, delimiter="\t"), 1):
-                if row:
-                    yield SourceItem(row[0].strip(), partial(parse_tsv_row, row), f"{path}:{line}")
-
-
-def _load_h5(file: h5py.File, name: str, key: str, boxes_key: str | None) -> Regions:
-    node = file[name]
-    if isinstance(node, h5py.Dataset):
-        features, boxes = node[()], None
-    else:
-        if key not in node:
-            raise BadRecord(f"group {name!r} has no dataset {key!r} (it has {', '.join(node.keys()) or 'none'}): "
-                            f"set key=")
-        if boxes_key and boxes_key not in node:
-            raise BadRecord(f"group {name!r} has no boxes dataset {boxes_key!r}")
-        features = node[key][()]
-        boxes = node[boxes_key][()] if boxes_key else None
-    attrs = node.attrs
-    size = (int(attrs["image_w"]), int(attrs["image_h"])) if "image_w" in attrs and "image_h" in attrs else None
-    return Regions(np.asarray(features), None if boxes is None else np.asarray(boxes), size)
-
-
-@FORMATS.register("hdf5", kinds=("image", "video"), boxes="boxes_key")
-def read_hdf5(cfg: ImportConfig) -> Iterator[SourceItem]:
-    """One HDF5 file: per id a dataset [n, D], or a group with ``cfg.key`` (and ``cfg.boxes_key``)."""
-    path = Path(cfg.source)
-    if not path.is_file():
-        raise DataError(f"source={cfg.source} is not a file: format=hdf5 reads one HDF5 file keyed by id")
-    try:
-        file = h5py.File(path, "r")
-    except OSError as e:
-        raise DataError(f"source={path} is not a readable HDF5 file ({e})") from None
-    with file:
-        for name in file.keys():
-            yield SourceItem(name, partial(_load_h5, file, name, cfg.key, cfg.boxes_key), f"{path}:{name}")
-
-
-def gives_boxes(cfg: ImportConfig) -> bool:
-    """Whether the configured source comes with boxes (the TSV always; the others when told where)."""
-    boxes = FORMATS.entry(cfg.format).meta.get("boxes")
-    return boxes == "always" or (boxes is not None and bool(getattr(cfg, boxes)))
-
-
-# ---------------------------------------------------------------------------------- checking
-
-
-@dataclass(frozen=True)
-class Fitted:
-    """A checked item as the store takes it: features [n', D], boxes [n', 4] | None, rows kept."""
-
-    features: np.ndarray
-    boxes: np.ndarray | None
-    image_size: tuple[int, int] | None
-    rows: list[int]
-
-
-def keep_rows(n: int, positions: int, overflow: str) -> list[int]:
-    """Which of n rows an item of at most ``positions`` keeps: all, or by ``overflow`` (first |
-    uniform: evenly spaced, first and last included); ``fail`` refuses the item."""
-    if n <= positions:
-        return list(range(n))
-    if overflow == "fail":
-        raise BadRecord(f"has {n} regions, more than max_regions={positions}: raise max_regions or set "
-                        f"overflow=first|uniform")
-    if overflow == "first":
-        return list(range(positions))
-    return sorted({int(round(x)) for x in np.linspace(0, n - 1, positions)})
-
-
-def check_boxes(boxes: Any, n: int, image_size: tuple[int, int] | None) -> np.ndarray:
-    """[n, 4] finite pixel boxes with x1 <= x2, y1 <= y2 (inside the image when its size is known)."""
-    b = np.asarray(boxes)
-    if b.ndim != 2 or b.shape[1] != 4:
-        raise BadRecord(f"boxes have shape {list(b.shape)}, expected [n, 4] (x1, y1, x2, y2)")
-    if b.shape[0] != n:
-        raise BadRecord(f"has {b.shape[0]} boxes but {n} feature rows (one box per region)")
-    b = b.astype(np.float32)
-    if not np.isfinite(b).all():
-        raise BadRecord("boxes contain NaN/inf values")
-    if (b[:, 2] < b[:, 0]).any() or (b[:, 3] < b[:, 1]).any():
-        raise BadRecord("a box has x2 < x1 or y2 < y1 (boxes must be x1, y1, x2, y2 pixels)")
-    if image_size is not None:
-        w, h = image_size
-        t = BOX_TOLERANCE
-        if b[:, :2].min() < -t or b[:, 2].max() > w + t or b[:, 3].max() > h + t:
-            raise BadRecord(f"a box lies outside the {w}x{h} image (boxes must be x1, y1, x2, y2 pixels)")
-    return b
-
-
-def fit_regions(r: Regions, dim: int | None, positions: int, overflow: str, boxes: bool) -> Fitted:
-    """Check one decoded record (module docstring) and cut it to at most ``positions`` rows."""
-    f = np.asarray(r.features)
-    if f.ndim != 2:
-        raise BadRecord(f"features have shape {list(f.shape)}, expected [regions, dim]")
-    if f.dtype.kind != "f":
-        raise BadRecord(f"features have dtype {f.dtype}, expected a float type")
-    n, d = f.shape
-    if n < 1:
-        raise BadRecord("has no regions (0 feature rows)")
-    if dim is not None and d != dim:
-        raise BadRecord(f"has dim {d} but the store's items have dim {dim}")
-    if not np.isfinite(f).all():
-        raise BadRecord("features contain NaN/inf values")
-    size = None
-    if r.image_size is not None:
-        size = (int(r.image_size[0]), int(r.image_size[1]))
-        if min(size) < 1:
-            raise BadRecord(f"image size {list(size)} is not positive")
-    b = None
-    if boxes:
-        if r.boxes is None:
-            raise BadRecord("has no boxes but the store keeps a box per region")
-        b = check_boxes(r.boxes, n, size)
-    rows = keep_rows(n, positions, overflow)
-    if len(rows) < n:
-        f, b = f[rows], None if b is None else b[rows]
-    return Fitted(f, b, size, rows)
 
 
 # ------------------------------------------------------------------------------------- the job
@@ -380,7 +83,7 @@ def rank_of(item_id: str, world_size: int) -> int:
 
 def validate(cfg: ImportConfig) -> None:
     """Config errors as one line each, before anything is read."""
-    entry = FORMATS.entry(cfg.format)
+    entry = FEATURE_FORMATS.entry(cfg.format)
     if cfg.data.kind not in entry.meta["kinds"]:
         raise ConfigError(f"format={cfg.format} holds {' | '.join(entry.meta['kinds'])} features but data="
                           f"{cfg.data.name} is a '{cfg.data.kind}' dataset")
@@ -438,7 +141,7 @@ def scan_shape(cfg: ImportConfig, wanted: set[str]) -> tuple[int, int | None]:
     """(the largest region count, the most common dim) of the source's annotation ids: one pass."""
     counts: Counter[int] = Counter()
     largest = 0
-    for item in FORMATS.get(cfg.format)(cfg):
+    for item in FEATURE_FORMATS.get(cfg.format)(cfg):
         if cfg.id_format.format(item.source_id) not in wanted:
             continue
         try:
@@ -566,7 +269,7 @@ def import_features(cfg: ImportConfig) -> ImportSummary:
     complete = True
     bar = tqdm(total=len(mine), desc="import", unit="item", disable=not cfg.progress, dynamic_ncols=True)
     try:
-        for item in FORMATS.get(cfg.format)(cfg):
+        for item in FEATURE_FORMATS.get(cfg.format)(cfg):
             item_id = cfg.id_format.format(item.source_id)
             if item_id not in wanted:
                 summary.unknown += 1

@@ -23,7 +23,7 @@ from pytorch_lightning.plugins import TorchCheckpointIO
 
 from captioning.errors import CheckpointError, ConfigError, StorageError
 from captioning.models.ensemble import EnsembleDecoder
-from captioning.store.feature_store import settings_diff
+from captioning.store.layout import settings_diff
 from captioning.train.finetune import FinetuneModule, captioner_class
 from captioning.train.identity import fingerprint
 from captioning.utils.io import atomic_write

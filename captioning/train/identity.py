@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from captioning.store.feature_store import store_id
+from captioning.store.layout import store_id
 
 CONTINUES = "continues"  # may change while continuing the run
 PART = "part of the run"

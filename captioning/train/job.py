@@ -30,7 +30,7 @@ from captioning.errors import CaptioningError, CheckpointError, ConfigError, Dat
 from captioning.models.decoders import decoder_config
 from captioning.models.search import DecodeConfig
 from captioning.provenance import provenance
-from captioning.store.feature_store import store_id
+from captioning.store.layout import store_id
 from captioning.store.streams import open_features
 from captioning.train.callbacks import DataEpoch, RecordSchedule
 from captioning.train.checkpoint import (

@@ -1,1 +1,1 @@
-"""Figures: per-word attention heatmaps (grids, frames) and the HTML gallery."""
+"""Figures: per-word attention heatmaps (image grids, region boxes, video frames) and the HTML gallery."""

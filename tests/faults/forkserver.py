@@ -33,7 +33,8 @@ INJECT = HERE / "inject"
 PRELOAD = (
     "torch", "numpy", "pytorch_lightning", "hydra", "timm", "matplotlib", "matplotlib.pyplot",
     "captioning.cli.train", "captioning.cli.extract", "captioning.cli.evaluate", "captioning.train.module",
-    "captioning.features.extract", "captioning.features.backbones", "captioning.data.datamodule",
+    "captioning.features.extract", "captioning.features.backbones", "captioning.features.backbones.timm_models",
+    "captioning.features.backbones.torchvision_cnns", "captioning.data.datamodule",
     "captioning.data.annotations", "captioning.metrics", "captioning.evaluation.report",
     "captioning.evaluation.grounding", "captioning.train.checkpoint",
 )

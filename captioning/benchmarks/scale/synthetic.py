@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from captioning.config import DataConfig
-from captioning.store.feature_store import FeatureStoreWriter
+from captioning.store.writer import FeatureStoreWriter
 from captioning.utils.io import atomic_write
 
 SHARD_SIZE = 256  # extraction's default (conf/extract.yaml)

@@ -1,1 +1,2 @@
-"""Annotation formats, one module each: a reader registered in ``captioning.data.annotations.FORMATS``."""
+"""Annotation formats, one module each: a reader registered in
+``captioning.data.annotations.ANNOTATION_FORMATS``."""

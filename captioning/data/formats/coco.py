@@ -9,7 +9,7 @@ from pycocotools.coco import COCO
 
 from captioning.config import DataConfig
 from captioning.data.annotations import (
-    FORMATS,
+    ANNOTATION_FORMATS,
     SPLITS,
     Problems,
     Sourced,
@@ -23,7 +23,7 @@ from captioning.data.records import CaptionRecord
 from captioning.errors import ConfigError, DataError
 
 
-@FORMATS.register("coco", kind="image")
+@ANNOTATION_FORMATS.register("coco", kind="image")
 def read_coco(cfg: DataConfig, problems: Problems) -> list[Sourced]:
     """COCO captions files, one per split in ``cfg.annotations`` (``train``/``val``/``test``)."""
     unknown = sorted(set(cfg.annotations) - set(SPLITS))

@@ -6,7 +6,7 @@ from typing import Any
 
 from captioning.config import DataConfig
 from captioning.data.annotations import (
-    FORMATS,
+    ANNOTATION_FORMATS,
     Problems,
     Sourced,
     clean_captions,
@@ -32,7 +32,7 @@ def raw_sentence(obj: dict) -> Any:
     return obj
 
 
-@FORMATS.register("karpathy", kind="image")
+@ANNOTATION_FORMATS.register("karpathy", kind="image")
 def read_karpathy(cfg: DataConfig, problems: Problems) -> list[Sourced]:
     """A Karpathy split file (``annotations.all``); ``restval`` becomes ``train``."""
     require_annotations(cfg, ["all"], "data.annotations.all=data/coco/dataset_coco.json")

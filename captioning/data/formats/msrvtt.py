@@ -6,7 +6,7 @@ from typing import Any
 
 from captioning.config import DataConfig
 from captioning.data.annotations import (
-    FORMATS,
+    ANNOTATION_FORMATS,
     Problems,
     Sourced,
     clean_captions,
@@ -22,7 +22,7 @@ from captioning.errors import DataError
 MSRVTT_SPLITS = {"train": "train", "validate": "val", "val": "val", "test": "test"}
 
 
-@FORMATS.register("msrvtt", kind="video")
+@ANNOTATION_FORMATS.register("msrvtt", kind="video")
 def read_msrvtt(cfg: DataConfig, problems: Problems) -> list[Sourced]:
     """MSR-VTT ``*_videodatainfo.json`` files (every file in ``annotations``, merged)."""
     if not cfg.annotations or not any(cfg.annotations.values()):

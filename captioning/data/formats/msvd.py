@@ -9,7 +9,7 @@ import re
 
 from captioning.config import DataConfig
 from captioning.data.annotations import (
-    FORMATS,
+    ANNOTATION_FORMATS,
     SPLITS,
     SURROGATE,
     Problems,
@@ -28,7 +28,7 @@ MSVD_STANDARD = (1200, 100, 670)  # train / val / test clips of the 1970-clip MS
 _CLIP_ID = re.compile(r"^(?P<vid>.+)_(?P<start>\d+)_(?P<end>\d+)$")
 
 
-@FORMATS.register("msvd", kind="video")
+@ANNOTATION_FORMATS.register("msvd", kind="video")
 def read_msvd(cfg: DataConfig, problems: Problems) -> list[Sourced]:
     """MSVD (Youtube2Text) from ``AllVideoDescriptions.txt`` or the corpus csv (``annotations.all``)."""
     unknown = sorted(set(cfg.annotations) - {"all", *SPLITS})
