@@ -18,9 +18,10 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from captioning.data.vocab import Vocabulary
-from captioning.errors import CaptioningError
+from captioning.errors import CaptioningError, ConfigError
 from captioning.metrics import compute_metrics
 from captioning.metrics.cider import CiderD
 from captioning.models.decoders import CaptionDecoder, build_decoder
@@ -51,6 +52,43 @@ class OptimConfig:
 
 class NonFiniteLossError(CaptioningError):
     """Raised with ``nonfinite=stop`` when a batch gives a NaN/inf loss."""
+
+
+COMPILE_SETTINGS = ("auto", "true", "false")
+
+
+def compile_setting(value: Any) -> str:
+    """``compile`` as one of auto | true | false (a bool in older configs and checkpoints)."""
+    setting = str(value).lower()
+    if setting not in COMPILE_SETTINGS:
+        raise ConfigError(f"compile={value!r} is not one of auto, true, false; set one of those")
+    return setting
+
+
+def compile_mode(setting: str, device: torch.device, compilable: bool) -> str | None:
+    """How the training loss runs: None (eager), or compiled with torch.compile's mode
+    ``reduce-overhead`` (CUDA graphs: a decoder step's kernels are too small to keep a GPU busy
+    when launched one by one) on CUDA, ``default`` elsewhere.  ``auto``: compiled on a CUDA device
+    when the decoder compiles whole, eager elsewhere (on a CPU the eager packed loss is the faster:
+    it runs only the captions still going, docs/benchmarks.md); ``true``/``false`` force it."""
+    if setting == "false" or (setting == "auto" and (device.type != "cuda" or not compilable)):
+        return None
+    return "reduce-overhead" if device.type == "cuda" else "default"
+
+
+def fixed_shapes(features: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, rows: int, length: int,
+                 pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A training batch at the one shape a compiled run sees: captions padded to ``length`` tokens
+    (``data.max_length + 2``) and a smaller batch (an epoch's last) padded to ``rows`` with rows
+    that have no position and no token, which add nothing to the loss or the gradients."""
+    b = features.shape[0]
+    if tokens.shape[1] < length:
+        tokens = F.pad(tokens, (0, length - tokens.shape[1]), value=pad)
+    if b < rows:
+        features = F.pad(features, (0, 0, 0, 0, 0, rows - b))
+        mask = F.pad(mask, (0, 0, 0, rows - b), value=False)
+        tokens = F.pad(tokens, (0, 0, 0, rows - b), value=pad)
+    return features, mask, tokens
 
 
 def decode(
@@ -91,31 +129,45 @@ class CaptioningModule(pl.LightningModule):
             config["model"], len(self.vocab), int(feature_meta["dim"]), layout_from_meta(feature_meta),
             pad_id=self.vocab.pad,
         )
-        # compile: the fixed-shape loss under torch.compile (CUDA graphs on a GPU), captions
-        # padded to one length so that one graph serves every batch
-        self.compile_loss = bool(config.get("compile", False))
-        if self.compile_loss and not self.decoder.compilable:
+        # compile (auto | true | false): the fixed-shape loss under torch.compile, CUDA graphs on a
+        # GPU; every batch padded to one shape so that one graph serves the whole run (fixed_shapes)
+        self.compile_setting = compile_setting(config.get("compile", "auto"))
+        if self.compile_setting == "true" and not self.decoder.compilable:
             raise CaptioningError(
                 f"compile=true: model {type(self.decoder).run_tag(self.decoder.cfg)} cannot be compiled whole "
-                f"(it samples on the host, e.g. hard attention's locations); train it with compile=false"
+                f"(hard attention samples on the host, the BiLSTM encoder packs its sequences); train it with "
+                f"compile=false or compile=auto"
             )
-        self._token_length = int(config.get("data", {}).get("max_length", 0)) + 2
+        data = config.get("data", {})
+        self._shape = (int(data.get("batch_size", 0)), int(data.get("max_length", 0)) + 2)  # rows, tokens
         self._compiled_loss: Any = None
         self._val_outputs: list[tuple[int, str]] = []
         self._skip_step = False
         self.last_val_predictions: dict[int, str] = {}
 
     # ------------------------------------------------------------------ training
+    #: torch.compile's backend (tests count compilations with a cheap one)
+    compile_backend: Any = "inductor"
+
+    def compile_mode(self) -> str | None:
+        """How the training loss runs on this module's device: None (eager) or torch.compile's mode
+        (``compile_mode`` of this module)."""
+        return compile_mode(self.compile_setting, self.device, self.decoder.compilable)
+
+    def compiled(self, fn: Any) -> Any:
+        """``fn`` under ``torch.compile`` (one graph, static shapes; CUDA graphs on a GPU)."""
+        options: dict[str, Any] = {"backend": self.compile_backend}
+        if self.compile_backend == "inductor":
+            options["mode"] = self.compile_mode()
+        return torch.compile(fn, fullgraph=True, dynamic=False, **options)
+
     def _loss(self, features: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         smoothing = self.optim_cfg.label_smoothing
-        if not self.compile_loss:
+        if self.compile_mode() is None:
             return self.decoder.compute_loss(features, mask, tokens, label_smoothing=smoothing)
         if self._compiled_loss is None:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._compiled_loss = torch.compile(functools.partial(self.decoder.compute_loss, static=True),
-                                                fullgraph=True, mode=mode)
-        if tokens.shape[1] < self._token_length:
-            tokens = torch.nn.functional.pad(tokens, (0, self._token_length - tokens.shape[1]), value=self.vocab.pad)
+            self._compiled_loss = self.compiled(functools.partial(self.decoder.compute_loss, static=True))
+        features, mask, tokens = fixed_shapes(features, mask, tokens, *self._shape, pad=self.vocab.pad)
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # this step's graph outputs are new tensors
         return self._compiled_loss(features, mask, tokens, label_smoothing=smoothing)

@@ -135,7 +135,9 @@ class LSTMDecoder(CaptionDecoder):
         self.has_attention = attends
         self.hard = cfg.variant == "hard_attention"
         self.hard_attention = self.hard and cfg.test_mode == "argmax"
-        self.compilable = not self.hard
+        # one graph under torch.compile: not hard attention (it samples on the host), nor the BiLSTM
+        # encoder (packed sequences; dynamo does not trace nn.LSTM)
+        self.compilable = not self.hard and not cfg.bidirectional_encoder
         self.uses_context = cfg.variant != "show_tell"
 
         self.embedding = nn.Embedding(self.vocab_size, E, padding_idx=self.pad_id)
@@ -288,8 +290,8 @@ class LSTMDecoder(CaptionDecoder):
     # ------------------------------------------------------------------ inference
 
     def init_state(self, features: Tensor, mask: Tensor | None) -> DecoderState:
-        with precision(features.device):
-            step, memory, h, c = self._prepare(features, mask, static=False)
+        with precision(features.device):  # no host read inside a compiled graph (fixed-shape SCST decoding)
+            step, memory, h, c = self._prepare(features, mask, static=torch.compiler.is_compiling())
         return DecoderState({"h": torch.stack(h, 1), "c": torch.stack(c, 1)}, memory, shared={"step": step})
 
     def step(self, prev_tokens: Tensor, state: DecoderState) -> tuple[Tensor, Tensor | None, DecoderState]:

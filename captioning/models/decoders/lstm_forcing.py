@@ -129,7 +129,8 @@ def losses(dec: Any, words: Tensor, steps: dict[str, list[Tensor]], sched: Sched
     total = nll_sum
     if coverage is not None:
         penalty = coverage_penalty(coverage, position_mask)  # [B]
-        out["ds"] = penalty.mean()
+        captions = b if sched.active is not None else sched.step_mask.any(1).sum().clamp_min(1)  # rows of padding: none
+        out["ds"] = penalty.sum() / captions
         total = total + dec.cfg.doubly_stochastic * penalty.sum()
     else:
         out["ds"] = nll_sum.new_zeros(())
