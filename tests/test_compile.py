@@ -22,7 +22,8 @@ from captioning.data.vocab import Vocabulary
 from captioning.errors import ConfigError
 from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
 from captioning.train import module as module_mod
-from captioning.train.module import CaptioningModule, compile_mode, compile_setting, fixed_shapes
+from captioning.train.compiled import compile_mode, compile_setting, fixed_shapes
+from captioning.train.module import CaptioningModule
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

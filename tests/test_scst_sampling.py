@@ -13,6 +13,7 @@ from test_decoders import CASES, IDS, _batch, _decoder
 from test_scst import BOS, EOS, PAD, UNK, V, _decoder as _scst_decoder, _feats
 
 from captioning.models.search import greedy_decode, sample
+from captioning.train.scst import ScstConfig
 from captioning.train.scst_sampling import greedy_fixed, greedy_words, gumbel_argmax, sample_fixed
 
 BANNED = [PAD, BOS, UNK]
@@ -104,3 +105,34 @@ def test_scst_decoding_compiles_as_one_graph_each(name: str, i: int) -> None:
     with torch.no_grad():
         assert greedy(feats, mask).shape == (5, 4)
     assert counter.graphs == 2
+
+
+def test_a_compiled_scst_step_is_two_graphs_for_every_batch_and_leaves_padding_out() -> None:
+    """compile=true on a CPU (the path compile=auto takes on a GPU): the greedy baseline and the
+    sampling + cross-entropy each compile once, for a full batch and a smaller one of other caption
+    lengths; the rewards are asked for the real items' captions only (5 items x 2 samples)."""
+    from test_compile import _module
+
+    from captioning.data.datamodule import Batch
+
+    module = _module("true")
+    module.scst_cfg = ScstConfig(samples=2, max_length=4, xe_weight=0.5, entropy_weight=0.01)
+    asked: list[int] = []
+
+    def reward(texts, items):
+        asked.append(len(texts))
+        return [float(len(t)) / 10 for t in texts]
+
+    module._reward, module.compile_backend = reward, GraphCounter()
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    for rows, length in ((8, 8), (5, 6)):
+        tokens = torch.randint(4, 12, (rows, length), generator=g)
+        tokens[:, 0], tokens[:, -1] = BOS, EOS
+        batch = Batch(torch.randn(rows, 4, 6, generator=g).half(), torch.ones(rows, 4, dtype=torch.bool), tokens,
+                      torch.arange(rows))
+        out = module._scst_loss(batch)
+        out["loss"].backward()
+        assert torch.isfinite(out["loss"]) and {"reward", "baseline_reward", "entropy", "xe"} <= set(out)
+    assert module.compile_backend.graphs == 2
+    assert asked == [8, 16, 5, 10]  # greedy then samples, per batch

@@ -18,16 +18,17 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from captioning.data.vocab import Vocabulary
-from captioning.errors import CaptioningError, ConfigError
+from captioning.errors import CaptioningError
 from captioning.metrics import compute_metrics
 from captioning.metrics.cider import CiderD
 from captioning.models.decoders import CaptionDecoder, build_decoder
 from captioning.models.positions import layout_from_meta
-from captioning.models.search import DecodeConfig, Hypothesis, decode_batch, greedy_decode, sample
+from captioning.models.search import DecodeConfig, Hypothesis, SampleBatch, decode_batch, greedy_decode, sample
+from captioning.train.compiled import compile_mode, compile_setting, fixed_shapes
 from captioning.train.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
+from captioning.train.scst_sampling import greedy_fixed, greedy_words, policy
 from captioning.train.stage import stage_of, without_flags
 
 log = logging.getLogger(__name__)
@@ -52,43 +53,6 @@ class OptimConfig:
 
 class NonFiniteLossError(CaptioningError):
     """Raised with ``nonfinite=stop`` when a batch gives a NaN/inf loss."""
-
-
-COMPILE_SETTINGS = ("auto", "true", "false")
-
-
-def compile_setting(value: Any) -> str:
-    """``compile`` as one of auto | true | false (a bool in older configs and checkpoints)."""
-    setting = str(value).lower()
-    if setting not in COMPILE_SETTINGS:
-        raise ConfigError(f"compile={value!r} is not one of auto, true, false; set one of those")
-    return setting
-
-
-def compile_mode(setting: str, device: torch.device, compilable: bool) -> str | None:
-    """How the training loss runs: None (eager), or compiled with torch.compile's mode
-    ``reduce-overhead`` (CUDA graphs: a decoder step's kernels are too small to keep a GPU busy
-    when launched one by one) on CUDA, ``default`` elsewhere.  ``auto``: compiled on a CUDA device
-    when the decoder compiles whole, eager elsewhere (on a CPU the eager packed loss is the faster:
-    it runs only the captions still going, docs/benchmarks.md); ``true``/``false`` force it."""
-    if setting == "false" or (setting == "auto" and (device.type != "cuda" or not compilable)):
-        return None
-    return "reduce-overhead" if device.type == "cuda" else "default"
-
-
-def fixed_shapes(features: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, rows: int, length: int,
-                 pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A training batch at the one shape a compiled run sees: captions padded to ``length`` tokens
-    (``data.max_length + 2``) and a smaller batch (an epoch's last) padded to ``rows`` with rows
-    that have no position and no token, which add nothing to the loss or the gradients."""
-    b = features.shape[0]
-    if tokens.shape[1] < length:
-        tokens = F.pad(tokens, (0, length - tokens.shape[1]), value=pad)
-    if b < rows:
-        features = F.pad(features, (0, 0, 0, 0, 0, rows - b))
-        mask = F.pad(mask, (0, 0, 0, rows - b), value=False)
-        tokens = F.pad(tokens, (0, 0, 0, rows - b), value=pad)
-    return features, mask, tokens
 
 
 def decode(
@@ -141,6 +105,8 @@ class CaptioningModule(pl.LightningModule):
         data = config.get("data", {})
         self._shape = (int(data.get("batch_size", 0)), int(data.get("max_length", 0)) + 2)  # rows, tokens
         self._compiled_loss: Any = None
+        self._compiled_greedy: Any = None  # stage=scst, compiled: captioning.train.scst_sampling
+        self._compiled_policy: Any = None
         self._val_outputs: list[tuple[int, str]] = []
         self._skip_step = False
         self.last_val_predictions: dict[int, str] = {}
@@ -179,37 +145,82 @@ class CaptioningModule(pl.LightningModule):
             self._reward = CiderD([[r.split() for r in item] for item in refs])  # df once
 
     def _scst_loss(self, batch) -> dict[str, torch.Tensor]:
-        """Self-critical loss of a batch of items (``captioning.train.scst``)."""
+        """Self-critical loss of a batch of items (``captioning.train.scst``).  Compiled
+        (``compile_mode``): the greedy baseline, then the sampling with the cross-entropy term, each
+        one graph at fixed shapes (``captioning.train.scst_sampling``), the rewards read on the host
+        in between; a padded batch's empty rows are left out of the loss."""
         cfg, v = self.scst_cfg, self.vocab
-        feats = batch.features.float()
-        banned = sorted({v.pad, v.bos, v.unk} - {v.eos})
-        drawn = sample(self.decoder, feats, batch.mask, n=cfg.samples, max_length=cfg.max_length, bos=v.bos,
-                       eos=v.eos, banned=banned, temperature=cfg.temperature, entropy=cfg.entropy_weight > 0)
         items = batch.index.tolist()
-        rewards = torch.as_tensor(
-            self._reward([v.decode(w) for w in drawn.words(v.eos)], [i for i in items for _ in range(cfg.samples)]),
-            dtype=torch.float32, device=feats.device)
+        feats, mask, tokens = batch.features.float(), batch.mask, batch.tokens
+        compiled = self.compile_mode() is not None
+        if compiled:
+            feats, mask, tokens = fixed_shapes(feats, mask, tokens, *self._shape, pad=v.pad)
+            if self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()  # this step's graph outputs are new tensors
+        base = None
         if cfg.baseline == "greedy":  # Rennie et al.: the reward of test-time inference
-            self.decoder.eval()
-            with torch.no_grad():
-                greedy = greedy_decode(self.decoder, feats, batch.mask, cfg.max_length, v.bos, v.eos, unk=v.unk)
-            self.decoder.train()
-            base = torch.as_tensor(self._reward([v.decode(h.tokens) for h in greedy], items),
-                                   dtype=torch.float32, device=feats.device).repeat_interleave(cfg.samples)
-        else:  # Luo 2020: the mean reward of the item's other samples
+            base = self._rewards(self._greedy_words(feats, mask, compiled)[: len(items)], items)
+            base = base.repeat_interleave(cfg.samples)
+        drawn, xe = self._draw(feats, mask, tokens, compiled)
+        real = len(items) * cfg.samples  # the rows of the batch's items
+        rewards = self._rewards(drawn.words(v.eos)[:real], [i for i in items for _ in range(cfg.samples)])
+        if base is None:  # Luo 2020: the mean reward of the item's other samples
             base = leave_one_out_baseline(rewards.view(-1, cfg.samples)).reshape(-1)
-        loss = scst_surrogate(drawn.log_probs, drawn.mask, rewards - base)
+        sampled = drawn.mask[:real]
+        loss = scst_surrogate(drawn.log_probs[:real], sampled, rewards - base)
         out = {"reward": rewards.mean(), "baseline_reward": base.mean(), "scst": loss.detach()}
         if cfg.entropy_weight > 0 and drawn.entropy is not None:
-            entropy = drawn.entropy.sum() / drawn.mask.sum().clamp_min(1)
+            entropy = drawn.entropy[:real].sum() / sampled.sum().clamp_min(1)
             loss = loss - cfg.entropy_weight * entropy
             out["entropy"] = entropy.detach()
-        if cfg.xe_weight > 0:
-            xe = self.decoder.compute_loss(feats, batch.mask, batch.tokens, self.optim_cfg.label_smoothing)["xe"]
+        if xe is not None:
             loss = loss + cfg.xe_weight * xe
             out["xe"] = xe.detach()
         out["loss"] = loss
         return out
+
+    def _rewards(self, words: list[list[int]], items: list[int]) -> torch.Tensor:
+        """CIDEr-D of each caption (token ids) against its item's training references."""
+        texts = [self.vocab.decode(w) for w in words]
+        return torch.as_tensor(self._reward(texts, items), dtype=torch.float32, device=self.device)
+
+    def _banned(self) -> list[int]:
+        v = self.vocab
+        return sorted({v.pad, v.bos, v.unk} - {v.eos})
+
+    def _greedy_words(self, feats: torch.Tensor, mask: torch.Tensor, compiled: bool) -> list[list[int]]:
+        """The greedy caption of every row (eval mode, no grad)."""
+        cfg, v = self.scst_cfg, self.vocab
+        self.decoder.eval()
+        with torch.no_grad():
+            if compiled:
+                if self._compiled_greedy is None:
+                    self._compiled_greedy = self.compiled(functools.partial(
+                        greedy_fixed, self.decoder, max_length=cfg.max_length, bos=v.bos, eos=v.eos,
+                        banned=self._banned()))
+                words = greedy_words(self._compiled_greedy(feats, mask), v.eos)
+            else:
+                words = [h.tokens for h in greedy_decode(self.decoder, feats, mask, cfg.max_length, v.bos, v.eos,
+                                                         unk=v.unk)]
+        self.decoder.train()
+        return words
+
+    def _draw(self, feats: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, compiled: bool
+              ) -> tuple[SampleBatch, torch.Tensor | None]:
+        """``scst.samples`` captions per row and, with ``scst.xe_weight``, the cross-entropy of the
+        rows' reference captions."""
+        cfg, v = self.scst_cfg, self.vocab
+        smoothing = self.optim_cfg.label_smoothing
+        options = dict(n=cfg.samples, max_length=cfg.max_length, bos=v.bos, eos=v.eos, banned=self._banned(),
+                       temperature=cfg.temperature, entropy=cfg.entropy_weight > 0)
+        if compiled:
+            if self._compiled_policy is None:
+                self._compiled_policy = self.compiled(functools.partial(
+                    policy, self.decoder, xe=cfg.xe_weight > 0, label_smoothing=smoothing, **options))
+            return self._compiled_policy(feats, mask, tokens)
+        drawn = sample(self.decoder, feats, mask, **options)
+        xe = self.decoder.compute_loss(feats, mask, tokens, smoothing)["xe"] if cfg.xe_weight > 0 else None
+        return drawn, xe
 
     def training_step(self, batch, batch_idx: int):
         if self.stage == "scst":

@@ -21,9 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captioning.models.search import NEG_INF, SampleBatch, filter_log_probs
+from captioning.models.search import SampleBatch, filter_log_probs
 
-__all__ = ["gumbel_argmax", "greedy_fixed", "sample_fixed"]
+NEG_INF = float("-inf")
+
+__all__ = ["greedy_fixed", "greedy_words", "gumbel_argmax", "policy", "sample_fixed"]
 
 
 def gumbel_argmax(q: Tensor) -> Tensor:
@@ -107,3 +109,12 @@ def greedy_words(tokens: Tensor, eos: int) -> list[list[int]]:
     for row in tokens.tolist():
         out.append(row[: row.index(eos)] if eos in row else row)
     return out
+
+
+def policy(decoder: Any, features: Tensor, mask: Tensor | None, tokens: Tensor, *, xe: bool, label_smoothing: float,
+           **sampling: Any) -> tuple[SampleBatch, Tensor | None]:
+    """The compiled SCST forward: ``sample_fixed`` and, with ``xe``, the cross-entropy of the
+    reference captions ``tokens`` (the static schedule)."""
+    drawn = sample_fixed(decoder, features, mask, **sampling)
+    ce = decoder.compute_loss(features, mask, tokens, label_smoothing, static=True)["xe"] if xe else None
+    return drawn, ce
