@@ -51,6 +51,7 @@ def use_kernels(setting: str, device: torch.device, step_elements: int) -> bool:
     the step is bound by issuing operations), plain autograd is faster."""
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
+    setting = str(setting).lower()  # a bool set on a config object in code: True | False
     if setting != "auto":
         return setting == "true"
     return device.type == "cpu" and step_elements >= CPU_MIN_STEP_ELEMENTS
