@@ -112,6 +112,29 @@ def test_bf16_autocast_decoding_step_gives_float32_log_probs(name: str, i: int) 
         torch.testing.assert_close(real, torch.ones_like(real), rtol=0, atol=1e-2)
 
 
+@pytest.mark.parametrize("name,i", CASES, ids=IDS)
+def test_eager_training_loss_on_cuda_equals_the_cpu(name: str, i: int) -> None:
+    """The eager step on CUDA (one product of h_{t-1}; the LSTM's pointwise update one fused kernel,
+    ``_thnn_fused_lstm_cell``, as ``nn.LSTMCell`` runs there) computes the CPU's loss and gradients,
+    fp32, to the tolerances of the module docstring; packed and static schedules."""
+    dec = _decoder(name, i).train()
+    if getattr(dec, "hard", False):
+        pytest.skip("hard attention samples its locations: the devices draw differently")
+    feats, mask, tokens = _batch()
+    for static in (False, True):
+        runs = []
+        for device in (torch.device("cpu"), CUDA):
+            dec.to(device).zero_grad(set_to_none=True)
+            out = dec.compute_loss(feats.to(device), mask.to(device), tokens.to(device), static=static)
+            out["loss"].backward()
+            runs.append(({k: v.detach().cpu() for k, v in out.items()}, {n: g.cpu() for n, g in _grads(dec).items()}))
+        (cpu, g_cpu), (gpu, g_gpu) = runs
+        for key in cpu:
+            torch.testing.assert_close(gpu[key], cpu[key], msg=key)
+        for n in g_cpu:
+            torch.testing.assert_close(g_gpu[n], g_cpu[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
 # ------------------------------------------------------------------------------ fused kernels
 
 

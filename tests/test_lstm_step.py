@@ -111,10 +111,9 @@ def test_score_mask_bias_hand_computed() -> None:
 
 
 def test_the_kernels_rule() -> None:
-    cpu, cuda, big = torch.device("cpu"), torch.device("cuda"), kernels.CPU_MIN_STEP_ELEMENTS
-    assert kernels.use_kernels("auto", cpu, big) and not kernels.use_kernels("auto", cpu, big - 1)
-    assert not kernels.use_kernels("auto", cuda, 100 * big)  # a GPU is bound by issuing operations
-    assert kernels.use_kernels("true", cuda, 1) and kernels.use_kernels(True, cpu, 1)
-    assert not kernels.use_kernels("false", cpu, 100 * big)
+    """auto is off (they no longer make a step faster, docs/benchmarks.md); true forces them where
+    there is a backward to save work in; a bool set in code counts as its string."""
+    assert not kernels.use_kernels("auto") and not kernels.use_kernels("false") and not kernels.use_kernels(False)
+    assert kernels.use_kernels("true") and kernels.use_kernels(True)
     with torch.no_grad():
-        assert not kernels.use_kernels("true", cpu, big)  # nothing to save without a backward
+        assert not kernels.use_kernels("true")

@@ -4,9 +4,9 @@ Each piece computes exactly what the plain-autograd reference computes (the pape
 ``captioning.models.decoders.lstm_step`` and ``captioning.models.attention``) and is tested equal
 to it (``tests/test_kernels.py``).  They trade Python work per step (each is a Python autograd
 Function: ~50-250 us of CPU per step and call, and on a GPU ~550 us, more than the GPU work they
-save) for less arithmetic and memory traffic, which pays only where the step's tensors are large
-and the arithmetic runs on the same CPU: ``use_kernels`` is the rule (measured in
-``docs/benchmarks.md``), ``model.fused_kernels`` can force them on or off.
+save) for less arithmetic, memory traffic and activation memory.  With the decoder's step as it is
+now they make no step faster (``use_kernels``, measured in ``docs/benchmarks.md``), so they run
+only when ``model.fused_kernels=true`` asks for them: the scorer's memory saving on a CPU.
 
 - ``DeferredLinear``: ``x_t W^T`` at every step with the weight gradient computed ONCE.  A
   per-step ``F.linear`` makes autograd materialise and accumulate a full ``[out, in]`` weight
@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "CPU_MIN_STEP_ELEMENTS",
     "DeferredLinear",
     "additive_scores_inference",
     "additive_step_scorer",
@@ -38,23 +37,21 @@ __all__ = [
 ]
 
 CPU_CHUNK = 1 << 19  # elements of [G,N,A] scored at once in CPU inference
-#: the kernels pay on a CPU from this many elements of one step's largest tensor (see use_kernels)
-CPU_MIN_STEP_ELEMENTS = 1 << 20
 
 
-def use_kernels(setting: str, device: torch.device, step_elements: int) -> bool:
-    """Whether teacher forcing runs through these kernels: ``setting`` ``true``/``false`` forces
-    it; ``auto`` (the default) only on a CPU, with grad, outside ``torch.compile``, and when one
-    step's largest tensor (``B x N x A`` additive scores, ``B x 4H x (E + C)`` LSTM weights' worth
-    of products) has at least ``CPU_MIN_STEP_ELEMENTS`` elements: there the saved arithmetic and
-    page faults outweigh the Python autograd Functions' overhead; below it, and on any GPU (where
-    the step is bound by issuing operations), plain autograd is faster."""
+def use_kernels(setting: str | bool) -> bool:
+    """Whether teacher forcing runs through these kernels (``model.fused_kernels``): ``true``
+    forces them (with grad, outside ``torch.compile``), ``auto`` (the default) and ``false`` do
+    not.  With the step's one product of ``h_{t-1}`` and its weights cast once
+    (``captioning.models.decoders.lstm_step``) they no longer make a step faster: at COCO size on
+    a CPU the four combinations of deferred weight gradients and the summed-key scorer are within
+    1% of plain autograd, at 14x14x512 the scorer costs 6%, at the tiny sizes where a step is
+    bound by issuing operations they cost ~20% (docs/benchmarks.md), and on a GPU their Python
+    backward costs more CPU time (~550 us a call) than the work they save.  What remains is memory:
+    the scorer stores no ``[B,N,A]`` tanh per step (T x 25 MB at COCO size)."""
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
-    setting = str(setting).lower()  # a bool set on a config object in code: True | False
-    if setting != "auto":
-        return setting == "true"
-    return device.type == "cpu" and step_elements >= CPU_MIN_STEP_ELEMENTS
+    return str(setting).lower() == "true"  # a bool set on a config object in code: True | False
 
 
 # ----------------------------------------------------------------------- deferred weight grads

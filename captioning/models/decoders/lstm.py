@@ -30,9 +30,9 @@ One step (``lstm_step.LSTMStep``: every use of ``h_{t-1}`` in one product, the w
 serves teacher forcing and decoding alike.  Teacher forcing (``lstm_forcing``) runs the loop only
 over the captions still running at each step (the batch sorted by length: what
 ``pack_padded_sequence`` does), or with ``static=True`` over every row at every step (fixed
-shapes, one graph for ``torch.compile``).  On a CPU at large sizes its products and scores run
-through ``captioning.models.kernels`` (``fused_kernels=auto``: the rule of ``kernels.use_kernels``;
-the same numbers).
+shapes, one graph for ``torch.compile``).  ``fused_kernels=true`` runs its products and scores
+through ``captioning.models.kernels`` (the same numbers, less activation memory; no faster, so
+``auto`` leaves them off: ``kernels.use_kernels``).
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ class LSTMConfig:
     baseline_decay: float = 0.9
     reinforce_weight: float = 1.0
     test_mode: str = "argmax"  # argmax | expectation
-    # teacher forcing through captioning.models.kernels: auto (on a CPU at large sizes, the measured
-    # rule of kernels.use_kernels) | true | false
+    # teacher forcing through captioning.models.kernels: auto (= false: they no longer make a step
+    # faster, measured, kernels.use_kernels) | true (their memory saving on a CPU) | false
     fused_kernels: str = "auto"
 
     def validate(self) -> LSTMConfig:
@@ -237,14 +237,13 @@ class LSTMDecoder(CaptionDecoder):
             memory["context"] = mean
         return memory, mean
 
-    def _prepare(self, features: Tensor, mask: Tensor | None, static: bool, kernels_rows: int = 0
+    def _prepare(self, features: Tensor, mask: Tensor | None, static: bool, forcing: bool = False
                  ) -> tuple[LSTMStep, dict[str, Tensor | None], list[Tensor], list[Tensor]]:
-        """The step (weights prepared once; with the CPU kernels when ``kernels_rows`` rows of
-        teacher forcing pass ``kernels.use_kernels``), the memory in the step's dtype with the
-        attention's mask bias, and ``h_0, c_0``."""
+        """The step (weights prepared once; for packed teacher ``forcing`` with the CPU kernels
+        when ``kernels.use_kernels`` says so), the memory in the step's dtype with the attention's
+        mask bias, and ``h_0, c_0``."""
         memory, mean = self._memory(features, mask)
-        fused = kernels_rows > 0 and kernels.use_kernels(self.cfg.fused_kernels, features.device,
-                                                        self._step_elements(kernels_rows, features.shape[1]))
+        fused = forcing and kernels.use_kernels(self.cfg.fused_kernels)
         step = LSTMStep(self, deferred=fused, keys=memory["keys"] if fused else None)
         for key in ("values", "keys", "context"):
             memory[key] = step.cast(memory[key])
@@ -252,13 +251,6 @@ class LSTMDecoder(CaptionDecoder):
             memory["bias"], memory["keep"] = score_mask(memory["mask"], static)
         h, c = self._initial_state(mean, step)
         return step, memory, h, c
-
-    def _step_elements(self, rows: int, positions: int) -> int:
-        """Elements of a teacher-forcing step's largest tensor: the additive scores ``[B,N,A]`` or
-        the layer-0 products ``[B,4H] x (E + C)``."""
-        cfg = self.cfg
-        scores = rows * positions * cfg.attention_dim if self.attention is not None else 0
-        return max(scores, rows * 4 * cfg.hidden_dim * self.cells[0].weight_ih.shape[1] // 64)
 
     def _initial_state(self, mean: Tensor, step: LSTMStep) -> tuple[list[Tensor], list[Tensor]]:
         """``h_0, c_0 = tanh(f_init(mean_i a_i))`` in the step's dtype; show_tell feeds the image at step -1."""
@@ -338,8 +330,7 @@ class LSTMDecoder(CaptionDecoder):
     def _teacher_forcing(self, features: Tensor, mask: Tensor | None, tokens: Tensor, label_smoothing: float,
                          static: bool) -> dict[str, Tensor]:
         sched = forcing.schedule(features, mask, tokens, self.pad_id, static)
-        step, memory, h, c = self._prepare(sched.features, sched.mask, static, kernels_rows=0 if static else
-                                           tokens.shape[0])
+        step, memory, h, c = self._prepare(sched.features, sched.mask, static, forcing=not static)
         if self.hard and self.training:
             mode = "soft" if float(torch.rand((), device="cpu")) < self.cfg.soft_fraction else "sample"
         else:

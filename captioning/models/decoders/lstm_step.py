@@ -15,8 +15,8 @@ in the state's ``shared``): there the weights are concatenated and cast to the c
 that dtype (the attention's softmax in float32), so bf16 autocast casts no weight per time step.
 A step dispatches ~25 operations forward (the tutorial decoder's ~40); on CUDA, outside
 ``torch.compile``, the LSTM's pointwise update is one fused kernel (``_thnn_fused_lstm_cell``,
-what ``nn.LSTMCell`` runs there).  On a CPU at large sizes, teacher forcing's products and scores
-go through ``captioning.models.kernels`` (``kernels.use_kernels``: a measured rule).
+what ``nn.LSTMCell`` runs there).  With ``fused_kernels=true`` teacher forcing's products and
+scores go through ``captioning.models.kernels`` (``deferred``, ``keys``).
 """
 
 from __future__ import annotations
