@@ -66,3 +66,21 @@ def test_a_cli_run_beside_the_benchmark_on_a_cpu() -> None:
     cli = by_name["train/cli"]
     assert cli["value"] > 0 and cli["steps_timed"] >= 10 and cli["compile"] == "false"
     assert by_name["train/cli_vs_ours"]["value"] > 0 and by_name["train/cli_vs_ours"]["target"] == 0.9
+
+
+def test_dispatched_ops_leave_views_out() -> None:
+    import torch
+
+    from captioning.benchmarks.dispatch import dispatched_ops
+
+    x = torch.randn(3, 4)
+    assert dispatched_ops(lambda: (x.t().unsqueeze(0) * 2).sum()) == 2  # mul, sum: the views launch nothing
+
+
+def test_a_training_step_dispatches_fewer_operations_than_the_tutorials() -> None:
+    """The eager overhead, device-independent: one training step of ours (forward, backward, Adam)
+    dispatches under 0.65x the tutorial decoder's operations (1299 vs 2276 at batch 64; 1967 before
+    the step's one product of h_{t-1}, i.e. 0.86x)."""
+    ours, base, _ = run_bench("train", "--batch-size 8 --regions 16 --feature-dim 64 --hidden 32 --attention-dim 32 "
+                                       "--embed 32 --vocab 100 --steps 1 --warmup 0")
+    assert ours["ops_per_step"] < 0.65 * base["ops_per_step"], (ours["ops_per_step"], base["ops_per_step"])

@@ -19,7 +19,8 @@ by per-operation overhead, which is what dominates on a GPU.  ``--cli`` adds the
 
 Reported: captions/s (forward + backward + Adam step) of each from the median step time
 (``best``: from the fastest step), the two models' steps alternating so that a busy machine
-slows both alike, and the speedup.  On cuda, ``train/ours`` also gives ``peak_memory_mb``: the
+slows both alike, and the speedup; eager, each model's ``ops_per_step`` (``dispatched_ops``: about
+the kernels a step launches on a GPU, counted on any device).  On cuda, ``train/ours`` also gives ``peak_memory_mb``: the
 most memory allocated during one of its steps, measured before the baseline exists (its weights,
 gradients, Adam state, the batch and the step's activations).
 Caption lengths are drawn uniformly from ``[length // 2, length]`` words (COCO-like), so the
@@ -40,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from captioning.benchmarks.dispatch import dispatched_ops
 from captioning.benchmarks.train_cli import cli_figures
 from captioning.models.decoders import build_decoder
 
@@ -356,6 +358,9 @@ def run(args: Any) -> list[dict]:
         fns["baseline"] = _baseline_step(args, device, feats, tokens, lengths)
     times = _time_interleaved(fns, args.steps, args.warmup, device)
     records = _records(args, times, amp=amp, compile_s=compile_s, peak_mb=peak_mb, shape=shape)
+    if not args.compile:  # a compiled step's kernels are the graph's, not dispatched one by one
+        for record in records[:2]:
+            record["ops_per_step"] = dispatched_ops(fns["ours" if record["name"] == "train/ours" else "baseline"])
     if getattr(args, "cli", False):
         del fns, ours_step  # the benchmark's models and batch: memory the CLI may need
         if device.type == "cuda":
