@@ -147,7 +147,7 @@ def clock(args: argparse.Namespace) -> int:
         print(f"gpu-check: {path} missing: the training did not finish", file=sys.stderr)
         return 1
     batches = json.loads(path.read_text())["batches"]
-    intervals = [t1 - t0 for k, ((e0, t0), (e1, t1)) in enumerate(zip(batches, batches[1:]), 1)
+    intervals = [t1 - t0 for k, ((e0, t0), (e1, t1)) in enumerate(zip(batches, batches[1:], strict=False), 1)
                  if e1 == e0 and k >= args.warmup]
     rate = len(intervals) / sum(intervals) if intervals else None
     append(args.figures, {"name": f"gpu_check/steps_per_s/{args.label}", "unit": "steps/s",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_decoders import CASES, IDS, C, LAYOUT, N, V, _batch, _decoder
+from test_decoders import CASES, IDS, LAYOUT, C, N, V, _batch, _decoder
 
 from captioning.metrics.cider import CiderD
 from captioning.models.decoders import decoder_class

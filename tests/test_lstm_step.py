@@ -11,8 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from captioning.models import kernels
-from captioning.models.decoders import build_decoder
-from captioning.models.decoders import lstm_step
+from captioning.models.decoders import build_decoder, lstm_step
 
 V, C = 12, 6
 SMALL = {"embed_dim": 8, "hidden_dim": 10, "attention_dim": 6, "dropout": 0.0}

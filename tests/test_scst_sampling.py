@@ -10,7 +10,8 @@ import pytest
 import torch
 from test_compile import GraphCounter
 from test_decoders import CASES, IDS, _batch, _decoder
-from test_scst import BOS, EOS, PAD, UNK, V, _decoder as _scst_decoder, _feats
+from test_scst import BOS, EOS, PAD, UNK, V, _feats
+from test_scst import _decoder as _scst_decoder
 
 from captioning.models.search import greedy_decode, sample
 from captioning.train.scst import ScstConfig

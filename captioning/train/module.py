@@ -25,7 +25,14 @@ from captioning.metrics import compute_metrics
 from captioning.metrics.cider import CiderD
 from captioning.models.decoders import CaptionDecoder, build_decoder
 from captioning.models.positions import layout_from_meta
-from captioning.models.search import DecodeConfig, Hypothesis, SampleBatch, decode_batch, greedy_decode, sample
+from captioning.models.search import (
+    DecodeConfig,
+    Hypothesis,
+    SampleBatch,
+    decode_batch,
+    greedy_decode,
+    sample,
+)
 from captioning.train.compiled import compile_mode, compile_setting, fixed_shapes
 from captioning.train.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
 from captioning.train.scst_sampling import greedy_fixed, greedy_words, policy

@@ -45,9 +45,9 @@ from torch import Tensor, nn
 
 from captioning.errors import ConfigError
 from captioning.models import kernels
-from captioning.models.attention import build_attention, masked_mean, SelectorGate
-from captioning.models.decoders import register_decoder
+from captioning.models.attention import SelectorGate, build_attention, masked_mean
 from captioning.models.decoders import lstm_forcing as forcing
+from captioning.models.decoders import register_decoder
 from captioning.models.decoders.base import CaptionDecoder, DecoderState
 from captioning.models.decoders.lstm_step import LSTMStep, precision, score_mask
 from captioning.models.positions import CODES, MODES, PositionCode

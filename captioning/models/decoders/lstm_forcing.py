@@ -23,8 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from captioning.models.attention import attention_entropy, coverage_penalty, reinforce_surrogate, update_baseline
-from captioning.models.decoders.base import check_right_padded, teacher_forcing_targets, token_cross_entropy
+from captioning.models.attention import (
+    attention_entropy,
+    coverage_penalty,
+    reinforce_surrogate,
+    update_baseline,
+)
+from captioning.models.decoders.base import (
+    check_right_padded,
+    teacher_forcing_targets,
+    token_cross_entropy,
+)
 from captioning.models.decoders.lstm_step import LSTMStep
 
 __all__ = ["Schedule", "losses", "no_autocast", "schedule", "unroll"]
