@@ -5,6 +5,7 @@
     python scripts/gpu_check.py tests JUNIT_XML FIGURES
     python scripts/gpu_check.py train RUN_DIR FIGURES --label L --seconds S
     python scripts/gpu_check.py compare REFERENCE_DIR CANDIDATE_DIR FIGURES --label L [--identical]
+    python scripts/gpu_check.py clock CLOCK_JSON FIGURES --label L [--warmup N]
     python scripts/gpu_check.py finish FIGURES SUMMARY_JSON
 
 Every line has ``name``, ``unit`` and ``value`` (as ``captioning-bench`` writes them); ``finish``
@@ -137,6 +138,25 @@ def train(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def clock(args: argparse.Namespace) -> int:
+    """A training run's steady-state steps/s from its ``StepClock`` file (the wall time at the end of
+    every batch; ``captioning.benchmarks.train_cli.steady_state``, which this repeats in the standard
+    library): the steps after the first ``warmup`` and after each epoch's first, per second."""
+    path = Path(args.clock)
+    if not path.is_file():
+        print(f"gpu-check: {path} missing: the training did not finish", file=sys.stderr)
+        return 1
+    batches = json.loads(path.read_text())["batches"]
+    intervals = [t1 - t0 for k, ((e0, t0), (e1, t1)) in enumerate(zip(batches, batches[1:], strict=False), 1)
+                 if e1 == e0 and k >= args.warmup]
+    rate = len(intervals) / sum(intervals) if intervals else None
+    append(args.figures, {"name": f"gpu_check/steps_per_s/{args.label}", "unit": "steps/s",
+                          "value": None if rate is None else round(rate, 3), "steps": len(batches),
+                          "steps_timed": len(intervals), "warmup": args.warmup})
+    print(f"gpu-check: {args.label}: {rate} steps/s over {len(intervals)} of {len(batches)} steps")
+    return 0 if intervals else 1
+
+
 def _evaluation(folder: Path) -> tuple[dict[str, dict], dict[str, float]]:
     preds = json.loads((folder / "predictions.json").read_text())
     by_id = {str(p.get("image_id", p.get("video_id"))): p for p in preds}
@@ -221,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", required=True)
     p.add_argument("--identical", action="store_true")
     p.set_defaults(fn=compare)
+    p = sub.add_parser("clock")
+    p.add_argument("clock")
+    p.add_argument("figures")
+    p.add_argument("--label", required=True)
+    p.add_argument("--warmup", type=int, default=5)
+    p.set_defaults(fn=clock)
     p = sub.add_parser("finish")
     p.add_argument("figures")
     p.add_argument("summary")

@@ -2,9 +2,10 @@
 # scripts/gpu_check.sh [--dry-run] [OUTDIR]: the GPU paths run and measured in one go, in < 8 minutes.
 #
 # On a machine with one CUDA GPU and no network: the GPU-only tests, the benchmarks on cuda at the
-# README's COCO sizes (with peak memory), and the real CLIs on the embedded shapes data (extraction
-# and bf16-mixed training on the GPU, the GPU checkpoint evaluated on the CPU and on the GPU, then
-# compile=true).  Every figure is one JSON line of OUTDIR/figures.jsonl, tagged with the GPU's name;
+# README's COCO sizes (with peak memory; captioning-train end to end at the training benchmark's
+# shape, compiled and eager), and the real CLIs on the embedded shapes data (extraction and bf16-mixed
+# training on the GPU, the GPU checkpoint evaluated on the CPU and on the GPU, then self-critical
+# training, compiled).  Every figure is one JSON line of OUTDIR/figures.jsonl, tagged with the GPU's name;
 # OUTDIR (default gpu-check/) ends with 7 files: figures.jsonl, summary.json and the logs
 # setup.log, tests.log, bench.log, pipeline.log, compile.log.
 #
@@ -56,7 +57,6 @@ LAST_SECONDS=0
 # The embedded data and the training budget (the model is conf/model/soft_attention.yaml's).
 N_IMAGES=640   # 512 train images x 5 captions = 40 batches of 64: no smaller last batch to recompile for
 EPOCHS=3
-COMPILE_EPOCHS=1
 DATA=(data=shapes "data.root=$WORK/shapes" "data.num_items=$N_IMAGES" data.batch_size=64 data.num_workers=4)
 QUIET=(trainer.enable_progress_bar=false)
 TRAIN=(optim.lr=1e-3 optim.warmup_steps=10 logger=csv callbacks.progress=null callbacks.attention_images=null
@@ -128,6 +128,14 @@ stage tests 150 tests.log "$PY" -m pytest -q -rA -m gpu -p no:cacheprovider --ju
 
 # 2. the benchmarks at the README's COCO sizes (196 x 2048 annotations, 512-d, vocab 10k, 20 words)
 stage bench-train 90 bench.log "${BENCH[@]}" train --device cuda --output "$FIG"
+stage bench-train-fp32 60 bench.log "${BENCH[@]}" train --device cuda --amp off --steps 10 --output "$FIG"
+# the default training (compile=auto: compiled, CUDA graphs) end to end: captioning-train on a synthetic
+# dataset of the benchmark's COCO shape, its steady-state steps/s beside the benchmark's compiled step and the
+# tutorial's (train/cli_vs_baseline: target 10x; train/cli_vs_ours: 0.9), then the same CLI eager
+stage bench-train-cli 240 bench.log "${BENCH[@]}" train --device cuda --compile --cli --cli-workers 8 --steps 10 \
+  --output "$FIG"
+stage bench-train-cli-eager 90 bench.log "${BENCH[@]}" train --device cuda --cli --cli-workers 8 --cli-epochs 1 \
+  --steps 5 --output "$FIG"
 stage bench-beam 90 bench.log "${BENCH[@]}" beam --device cuda --repeats 3 --output "$FIG"
 stage bench-train-b128 60 bench.log "${BENCH[@]}" train --device cuda --batch-size 128 --steps 5 \
   --skip-baseline --output "$FIG"
@@ -141,7 +149,7 @@ if stage generate 60 pipeline.log "$PY" -m captioning.cli.generate dataset=shape
      "num_items=$N_IMAGES" "hydra.run.dir=$WORK/hydra/generate" &&
    stage extract 90 pipeline.log "$PY" -m captioning.cli.extract "${DATA[@]}" encoder=efficientnet_lite0 \
      encoder.weights=none trainer=gpu batch_size=64 "hydra.run.dir=$WORK/hydra/extract" "${QUIET[@]}"; then
-  if stage train-gpu 150 pipeline.log "$PY" -m captioning.cli.train "${DATA[@]}" trainer=gpu \
+  if stage train-gpu 150 pipeline.log "$PY" -m captioning.cli.train "${DATA[@]}" trainer=gpu compile=false \
        "trainer.max_epochs=$EPOCHS" "${TRAIN[@]}" "hydra.run.dir=$WORK/train-gpu"; then
     stage train-gpu-figures 15 pipeline.log "$PY" scripts/gpu_check.py train "$WORK/train-gpu" "$FIG" \
       --label bf16_mixed --seconds "$LAST_SECONDS"
@@ -159,25 +167,26 @@ if stage generate 60 pipeline.log "$PY" -m captioning.cli.generate dataset=shape
   else
     skip train-gpu-figures eval-cpu eval-gpu-fp32 eval-gpu-bf16 compare-fp32 compare-bf16
   fi
-  CLI_DATA=1
 else
   skip train-gpu train-gpu-figures eval-cpu eval-gpu-fp32 eval-gpu-bf16 compare-fp32 compare-bf16
-  CLI_DATA=0
 fi
 
-# 4. torch.compile + CUDA graphs: the benchmark, then compile=true through the CLI (compiling costs
-#    minutes, so these come last)
-stage bench-train-compile 180 compile.log "${BENCH[@]}" train --device cuda --compile --steps 10 \
-  --output "$FIG"
-if ((CLI_DATA)) && stage train-compile 180 compile.log "$PY" -m captioning.cli.train "${DATA[@]}" \
-     trainer=gpu compile=true "trainer.max_epochs=$COMPILE_EPOCHS" "${TRAIN[@]}" \
-     "hydra.run.dir=$WORK/train-compile"; then
-  stage train-compile-figures 15 compile.log "$PY" scripts/gpu_check.py train "$WORK/train-compile" "$FIG" \
-    --label bf16_mixed_compiled --seconds "$LAST_SECONDS"
-elif ((CLI_DATA)); then
-  skip train-compile-figures
+# 4. self-critical training from the bf16 checkpoint, compile=auto (its sampling one compiled graph, CUDA
+#    graphs): steady-state steps/s from the steps' wall times (the compiled XE training is bench-train-cli)
+SCST_RUN="$WORK/train-scst"
+if [[ -f "$CKPT" ]] || ((DRY_RUN)); then
+  ((DRY_RUN)) || rm -rf "$SCST_RUN"
+  if stage train-scst 200 compile.log "$PY" -m captioning.cli.train "${DATA[@]}" trainer=gpu stage=scst \
+       "init_from=$CKPT" data.batch_size=16 trainer.max_epochs=1 "${TRAIN[@]}" \
+       "+callbacks.clock._target_=captioning.benchmarks.train_cli.StepClock" "+callbacks.clock.path=$SCST_RUN/clock.json" \
+       "hydra.run.dir=$SCST_RUN"; then
+    stage train-scst-figures 15 compile.log "$PY" scripts/gpu_check.py clock "$SCST_RUN/clock.json" "$FIG" \
+      --label scst_compile_auto
+  else
+    skip train-scst-figures
+  fi
 else
-  skip train-compile train-compile-figures
+  skip train-scst train-scst-figures
 fi
 
 echo "== $(($(date +%s) - START)) s in all"

@@ -26,9 +26,10 @@ import gpu_check  # noqa: E402  (scripts/ is no package)
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 STAGES = [
-    "setup", "tests", "tests-figures", "bench-train", "bench-beam", "bench-train-b128", "bench-extract-images",
+    "setup", "tests", "tests-figures", "bench-train", "bench-train-fp32", "bench-train-cli", "bench-train-cli-eager",
+    "bench-beam", "bench-train-b128", "bench-extract-images",
     "generate", "extract", "train-gpu", "train-gpu-figures", "eval-cpu", "eval-gpu-fp32", "eval-gpu-bf16",
-    "compare-fp32", "compare-bf16", "bench-train-compile", "train-compile", "train-compile-figures",
+    "compare-fp32", "compare-bf16", "train-scst", "train-scst-figures",
 ]
 HYDRA_JOBS = {"generate", "extract", "train", "evaluate", "caption", "score"}
 
@@ -57,7 +58,7 @@ def test_dry_run_prints_every_stage_with_its_box_and_records_no_device(dry_run) 
     proc = dry_run["proc"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [name for name, _, _ in dry_run["stages"]] == STAGES
-    assert all(0 < box <= 180 for _, box, _ in dry_run["stages"])
+    assert all(0 < box <= 240 for _, box, _ in dry_run["stages"])
     lines = [json.loads(line) for line in (dry_run["out"] / "figures.jsonl").read_text().splitlines()]
     assert lines[0]["name"] == "gpu_check/device" and lines[0]["device"] == "skipped" and lines[0]["value"] is None
     recorded = [r for r in lines if r["name"].startswith("gpu_check/stage/")]
@@ -297,3 +298,16 @@ def test_wheel_pins_satisfy_pyproject_and_hydra() -> None:
             assert req.specifier.contains(pins[req.name]), (str(req), pins[req.name])
     for path in (".whl/av.whl", "gpu-check/figures.jsonl"):  # neither the wheels nor the figures get committed
         assert subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0, path
+
+
+def test_clock_is_the_steady_state_steps_per_second(tmp_path) -> None:
+    """Hand-computed: warm-up 2 leaves the steps ending at 11, 11.5, 12 (epoch 0) and 20.5, 21 (epoch 1;
+    20.0 is the epoch's first, its interval holds the epoch end): 5 steps in 3 s."""
+    fig, clock = tmp_path / "f.jsonl", tmp_path / "clock.json"
+    clock.write_text(json.dumps({"batches": [[0, 0.0], [0, 10.0], [0, 11.0], [0, 11.5], [0, 12.0], [1, 20.0],
+                                             [1, 20.5], [1, 21.0]], "epochs": []}))
+    assert gpu_check.main(["clock", str(clock), str(fig), "--label", "scst", "--warmup", "2"]) == 0
+    assert gpu_check.main(["clock", str(tmp_path / "absent.json"), str(fig), "--label", "x"]) == 1
+    (line,) = (json.loads(x) for x in fig.read_text().splitlines())
+    assert line["name"] == "gpu_check/steps_per_s/scst" and line["value"] == pytest.approx(5 / 3, abs=1e-3)
+    assert line["steps_timed"] == 5 and line["steps"] == 8

@@ -47,10 +47,10 @@ def test_fused_teacher_forcing_equals_the_reference_lstm(extra: dict) -> None:
     gradients) == nn.LSTMCell + plain autograd: same loss parts, same gradient everywhere."""
     torch.manual_seed(0)
     base = {"embed_dim": 16, "hidden_dim": 24, "attention_dim": 8, "dropout": 0.0, **extra}
-    dec = build_decoder({**base, "fused_kernels": True}, V, C, layout=(2, 2)).train()
+    dec = build_decoder({**base, "fused_kernels": "true"}, V, C, layout=(2, 2)).train()
     feats, mask, tokens = _toy_batch(1)
     fused, g_fused = _loss_and_grads(dec, feats, mask, tokens, seed=5)
-    dec.cfg.fused_kernels = False
+    dec.cfg.fused_kernels = "false"
     dec.reinforce_updates.zero_()
     dec.reinforce_baseline.zero_()
     plain, g_plain = _loss_and_grads(dec, feats, mask, tokens, seed=5)
@@ -87,7 +87,9 @@ def test_additive_step_scorer_gradients_equal_plain_autograd(rows: tuple[int, ..
         return sum((score_fn(h) * w).sum() for h, w in zip(hs, weights, strict=True))
 
     params = [values, *att.parameters()]
-    fused = torch.autograd.grad(loss(kernels.additive_step_scorer(att, att.precompute(values))), params)
+    w = att.score_proj.weight.reshape(-1)
+    fused_scorer = kernels.additive_step_scorer(att.precompute(values), w)
+    fused = torch.autograd.grad(loss(lambda h: fused_scorer(att.query_proj(h))), params)
     keys = att.precompute(values)
     plain = torch.autograd.grad(loss(lambda h: att.scores(h, keys[: h.shape[0]])), params)
     for a, b in zip(fused, plain, strict=True):
@@ -98,7 +100,8 @@ def test_additive_step_scorer_supports_retain_graph() -> None:
     torch.manual_seed(4)
     att = AdditiveAttention(4, 6, 5)
     values = torch.randn(2, 3, 6, requires_grad=True)
-    e = kernels.additive_step_scorer(att, att.precompute(values))(torch.randn(2, 4))
+    scorer = kernels.additive_step_scorer(att.precompute(values), att.score_proj.weight.reshape(-1))
+    e = scorer(att.query_proj(torch.randn(2, 4)))
     (once,) = torch.autograd.grad(e.sum(), values, retain_graph=True)
     (twice,) = torch.autograd.grad(e.sum(), values)
     torch.testing.assert_close(once, twice)

@@ -13,11 +13,14 @@ one output projection for all real tokens after the loop; optional bf16 autocast
 rows at every step, one graph, replayed from CUDA graphs on a GPU (where a decoder step's small
 kernels are launch-bound); on a CPU it is slower than ``compute_loss`` (the padded steps run).
 With tiny sizes (``--batch-size 8 --regions 16 --feature-dim 64 ...``) both models are bound
-by per-operation overhead, which is what dominates on a GPU.
+by per-operation overhead, which is what dominates on a GPU.  ``--cli`` adds the end-to-end view:
+``captioning-train``'s steady-state steps/s on a synthetic dataset of the same shapes
+(``captioning.benchmarks.train_cli``) beside the benchmark's own step rate.
 
 Reported: captions/s (forward + backward + Adam step) of each from the median step time
 (``best``: from the fastest step), the two models' steps alternating so that a busy machine
-slows both alike, and the speedup.  On cuda, ``train/ours`` also gives ``peak_memory_mb``: the
+slows both alike, and the speedup; eager, each model's ``ops_per_step`` (``dispatched_ops``: about
+the kernels a step launches on a GPU, counted on any device).  On cuda, ``train/ours`` also gives ``peak_memory_mb``: the
 most memory allocated during one of its steps, measured before the baseline exists (its weights,
 gradients, Adam state, the batch and the step's activations).
 Caption lengths are drawn uniformly from ``[length // 2, length]`` words (COCO-like), so the
@@ -38,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from captioning.benchmarks.dispatch import dispatched_ops
+from captioning.benchmarks.train_cli import cli_figures
 from captioning.models.decoders import build_decoder
 
 
@@ -70,6 +75,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ours: Xu's deep output layer (more work than the baseline's plain softmax)",
     )
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
+    parser.add_argument(
+        "--cli",
+        action="store_true",
+        help="also train with captioning-train on a synthetic dataset of these shapes and report its "
+        "steady-state steps/s beside the benchmark's (captioning.benchmarks.train_cli); compile=auto on "
+        "cuda with --compile, else compile=true/false as --compile says",
+    )
+    parser.add_argument("--cli-items", type=int, default=1024, help="--cli: training items (5 captions each)")
+    parser.add_argument("--cli-epochs", type=int, default=2, help="--cli: epochs")
+    parser.add_argument("--cli-workers", type=int, default=4, help="--cli: loader processes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-baseline", action="store_true")
 
@@ -342,4 +357,15 @@ def run(args: Any) -> list[dict]:
     if not args.skip_baseline:
         fns["baseline"] = _baseline_step(args, device, feats, tokens, lengths)
     times = _time_interleaved(fns, args.steps, args.warmup, device)
-    return _records(args, times, amp=amp, compile_s=compile_s, peak_mb=peak_mb, shape=shape)
+    records = _records(args, times, amp=amp, compile_s=compile_s, peak_mb=peak_mb, shape=shape)
+    if not args.compile:  # a compiled step's kernels are the graph's, not dispatched one by one
+        for record in records[:2]:
+            record["ops_per_step"] = dispatched_ops(fns["ours" if record["name"] == "train/ours" else "baseline"])
+    if getattr(args, "cli", False):
+        del fns, ours_step  # the benchmark's models and batch: memory the CLI may need
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        setting = ("auto" if device.type == "cuda" else "true") if args.compile else "false"
+        baseline_s = statistics.median(times["baseline"]) if "baseline" in times else None
+        records += cli_figures(args, device.type, setting, statistics.median(times["ours"]), baseline_s, shape)
+    return records

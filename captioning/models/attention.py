@@ -31,6 +31,7 @@ __all__ = [
     "argmax_location",
     "attention_entropy",
     "build_attention",
+    "coverage_penalty",
     "doubly_stochastic_penalty",
     "expand_groups",
     "hard_context",
@@ -136,13 +137,21 @@ class AdditiveAttention(AttentionScorer):
         return self.key_proj(values)
 
     def scores(self, h: Tensor, keys: Tensor) -> Tensor:
+        return self.scores_from_query(self.query_proj(h), keys)
+
+    def scores_from_query(self, q: Tensor, keys: Tensor, w: Tensor | None = None) -> Tensor:
+        """``e = w^T tanh(K + q)`` from the query ``q = W_a h + b_a [R,A]`` (the LSTM step computes
+        it in one product with the other uses of ``h``); ``w [A]``: ``score_proj``'s weight, in the
+        keys' dtype (None: read here)."""
         m, n, a = keys.shape
-        r = h.shape[0]
-        q = self.query_proj(h).reshape(m, r // m, 1, a)  # [M,G,1,A]
+        r = q.shape[0]
+        w = self.score_proj.weight.reshape(a).to(keys.dtype) if w is None else w
         if keys.device.type == "cpu" and not torch.is_grad_enabled():  # one scratch buffer
-            return kernels.additive_scores_inference(keys, q.to(keys.dtype), self.score_proj.weight)
-        x = (keys.unsqueeze(1) + q).tanh_()  # [M,G,N,A], a fresh tensor: tanh in place
-        return self.score_proj(x).reshape(r, n)
+            return kernels.additive_scores_inference(keys, q.reshape(m, r // m, 1, a).to(keys.dtype), w)
+        if r == m:  # one row per item (teacher forcing, greedy decoding)
+            return torch.matmul(torch.tanh(keys + q.unsqueeze(1)), w)
+        x = (keys.unsqueeze(1) + q.reshape(m, r // m, 1, a)).tanh_()  # [M,G,N,A], a fresh tensor: tanh in place
+        return torch.matmul(x, w).reshape(r, n)
 
 
 class DotAttention(AttentionScorer):
@@ -293,7 +302,13 @@ def doubly_stochastic_penalty(
     a = alphas.float()
     if step_mask is not None:
         a = a * step_mask.unsqueeze(-1).to(a.dtype)
-    per_pos = (target - a.sum(dim=1)) ** 2  # [B,N]
+    return coverage_penalty(a.sum(dim=1), position_mask, target)
+
+
+def coverage_penalty(coverage: Tensor, position_mask: Tensor | None = None, target: float = 1.0) -> Tensor:
+    """``sum_i (target - c_i)^2`` per caption from its coverage ``c_i = sum_t alpha_ti`` ``[B,N]``
+    (padded positions left out): the doubly stochastic regulariser once the steps are summed."""
+    per_pos = (target - coverage.float()) ** 2  # [B,N]
     if position_mask is not None:
         per_pos = per_pos * position_mask.to(per_pos.dtype)
     return per_pos.sum(dim=1)

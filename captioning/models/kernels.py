@@ -1,17 +1,17 @@
-"""Fast paths of the LSTM decoder: hand-written backward passes and fused steps.
+"""Fast paths of the LSTM decoder's teacher forcing on a CPU: hand-written backward passes.
 
 Each piece computes exactly what the plain-autograd reference computes (the paper's equations in
-``captioning.models.decoders.lstm`` and ``captioning.models.attention``) and is tested equal to
-it (``tests/test_kernels.py``); ``LSTMConfig.fused_kernels`` switches them on (the default,
-where they are faster: teacher forcing on a CPU, ~1.3x per training step at Show-Attend-Tell's
-COCO sizes).  Why they are faster:
+``captioning.models.decoders.lstm_step`` and ``captioning.models.attention``) and is tested equal
+to it (``tests/test_kernels.py``).  They trade Python work per step (each is a Python autograd
+Function: ~50-250 us of CPU per step and call, and on a GPU ~550 us, more than the GPU work they
+save) for less arithmetic, memory traffic and activation memory.  With the decoder's step as it is
+now they make no step faster (``use_kernels``, measured in ``docs/benchmarks.md``), so they run
+only when ``model.fused_kernels=true`` asks for them: the scorer's memory saving on a CPU.
 
 - ``DeferredLinear``: ``x_t W^T`` at every step with the weight gradient computed ONCE.  A
   per-step ``F.linear`` makes autograd materialise and accumulate a full ``[out, in]`` weight
   gradient at every step (2048 x 2048 per step for the LSTM's context weights); here each step's
   backward only records ``(dy_t, x_t)`` and a sink computes ``dW = [dy_1..dy_T]^T [x_1..x_T]``.
-- ``FusedLSTMCells``: the word part of the layer-0 gates ``W_ih[:, :E] E y_{t-1} + b`` of ALL
-  steps in one product before the loop, the per-step products through ``DeferredLinear``.
 - ``additive_step_scorer``: additive scores ``e_t = w^T tanh(K + q_t)`` for teacher forcing.
   ``dL/dK`` of all steps is summed in place (``w * (sum_t de_t - sum_t de_t y_t^2)``) and handed
   to ``K`` once, and the step's ``[R,N,A]`` tanh is recomputed in backward into one scratch
@@ -23,21 +23,35 @@ COCO sizes).  Why they are faster:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 __all__ = [
     "DeferredLinear",
-    "FusedLSTMCells",
     "additive_scores_inference",
     "additive_step_scorer",
-    "lstm_pointwise",
+    "use_kernels",
 ]
 
 CPU_CHUNK = 1 << 19  # elements of [G,N,A] scored at once in CPU inference
+
+
+def use_kernels(setting: str | bool) -> bool:
+    """Whether teacher forcing runs through these kernels (``model.fused_kernels``): ``true``
+    forces them (with grad, outside ``torch.compile``), ``auto`` (the default) and ``false`` do
+    not.  With the step's one product of ``h_{t-1}`` and its weights cast once
+    (``captioning.models.decoders.lstm_step``) they no longer make a step faster: at COCO size on
+    a CPU the four combinations of deferred weight gradients and the summed-key scorer are within
+    1% of plain autograd, at 14x14x512 the scorer costs 6%, at the tiny sizes where a step is
+    bound by issuing operations they cost ~20% (docs/benchmarks.md), and on a GPU their Python
+    backward costs more CPU time (~550 us a call) than the work they save.  What remains is memory:
+    the scorer stores no ``[B,N,A]`` tanh per step (T x 25 MB at COCO size)."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    return str(setting).lower() == "true"  # a bool set on a config object in code: True | False
 
 
 # ----------------------------------------------------------------------- deferred weight grads
@@ -66,13 +80,14 @@ class _WeightGradSink(torch.autograd.Function):
 
 
 class _DeferredMatmul(torch.autograd.Function):
-    """``x @ W^T`` whose backward only returns ``dx`` and stores ``(dy, x)`` for the sink."""
+    """``x @ W^T (+ b)`` whose backward returns ``dx`` (and ``db``) and stores ``(dy, x)`` for the sink."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, token: Tensor, collector: DeferredLinear) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, token: Tensor,  # type: ignore[override]
+                collector: DeferredLinear) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.collector = collector
-        return F.linear(x, weight.to(x.dtype))
+        return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
@@ -80,17 +95,20 @@ class _DeferredMatmul(torch.autograd.Function):
         ctx.collector.grads.append(grad)
         ctx.collector.inputs.append(x)
         dx = grad @ weight.to(grad.dtype) if ctx.needs_input_grad[0] else None
-        return dx, None, grad.new_zeros(()), None
+        db = grad.sum(0) if ctx.needs_input_grad[2] else None
+        return dx, None, db, grad.new_zeros(()), None
 
 
 class DeferredLinear:
-    """``x @ W^T`` applied at every time step, with the weight gradient computed once.
+    """``x @ W^T + b`` applied at every time step, with the weight gradient computed once.
 
-    Without grad (or for a weight that needs none) it is ``F.linear``.
+    ``weight [out, in]`` and ``bias [out] | None`` in the dtype of the inputs (cast once by the
+    caller).  Without grad (or for a weight that needs none) it is ``F.linear``.
     """
 
-    def __init__(self, weight: Tensor) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         self.weight = weight
+        self.bias = bias
         self.grads: list[Tensor] = []
         self.inputs: list[Tensor] = []
         self.token = (
@@ -101,59 +119,12 @@ class DeferredLinear:
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.token is None:
-            return F.linear(x, self.weight.to(x.dtype))
-        return _DeferredMatmul.apply(x, self.weight, self.token, self)
+            return F.linear(x, self.weight, self.bias)
+        return _DeferredMatmul.apply(x, self.weight, self.bias, self.token, self)
 
-
-# ---------------------------------------------------------------------------------- LSTM step
-
-
-def lstm_pointwise(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-    """LSTM update from pre-activations ``gates [R,4H]`` (PyTorch's order i, f, g, o)."""
-    i, f, g, o = gates.chunk(4, dim=1)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(c), c
-
-
-class FusedLSTMCells:
-    """The stacked ``nn.LSTMCell`` step ``h_t = LSTM([E y_{t-1}; z_t], h_{t-1})`` of teacher forcing.
-
-    ``cells``: the decoder's cells (layer 0 takes ``[word (E); context (C)]``), ``words [B,T,E]``
-    the embedded inputs of all steps.  ``step(t, z [R,C] | None, h, c)`` runs step ``t`` on the
-    first ``R`` rows (the captions still running) and equals the cells applied one by one.
-    """
-
-    def __init__(self, cells: Sequence[nn.LSTMCell], words: Tensor, dropout: nn.Module) -> None:
-        e = words.shape[-1]
-        cell0 = cells[0]
-        self.cells = cells
-        self.dropout = dropout
-        # the word part of the layer-0 gates of every step, one product: [B,T,4H]
-        x_gates = F.linear(words, cell0.weight_ih[:, :e], cell0.bias_ih + cell0.bias_hh)
-        self.x_steps = x_gates.unbind(1)  # views; backward is one stack, not T zero-filled copies
-        has_context = cell0.weight_ih.shape[1] > e
-        self.w_z = DeferredLinear(cell0.weight_ih[:, e:]) if has_context else None
-        self.w_hh = [DeferredLinear(cell.weight_hh) for cell in cells]
-        self.w_ih = [None] + [DeferredLinear(cell.weight_ih) for cell in cells[1:]]
-
-    def step(
-        self, t: int, z: Tensor | None, h: list[Tensor], c: list[Tensor]
-    ) -> tuple[list[Tensor], list[Tensor]]:
-        rows = h[0].shape[0]
-        gates = self.x_steps[t][:rows] + self.w_hh[0](h[0])
-        if z is not None and self.w_z is not None:
-            gates = gates + self.w_z(z)
-        hi, ci = lstm_pointwise(gates, c[0])
-        new_h, new_c = [hi], [ci]
-        for i in range(1, len(self.cells)):
-            cell = self.cells[i]
-            w_ih = self.w_ih[i]
-            assert w_ih is not None
-            gates = w_ih(self.dropout(hi)) + self.w_hh[i](h[i]) + cell.bias_ih + cell.bias_hh
-            hi, ci = lstm_pointwise(gates, c[i])
-            new_h.append(hi)
-            new_c.append(ci)
-        return new_h, new_c
+    def add_to(self, acc: Tensor, x: Tensor) -> Tensor:
+        """``acc + x W^T (+ b)``."""
+        return acc + self(x)
 
 
 # ------------------------------------------------------------------------ additive attention
@@ -240,20 +211,16 @@ class _AdditiveScoresStep(torch.autograd.Function):
         return dq.to(ctx.q_dtype), dw, torch.zeros_like(ctx.grads.keys[0, 0, 0]), None
 
 
-def additive_step_scorer(attention: nn.Module, keys: Tensor) -> Callable[[Tensor], Tensor]:
-    """Teacher-forcing scores of an ``AdditiveAttention``: ``h [R,H] -> e [R,N]`` against
-    ``keys[:R]`` (the captions still running are the first ``R`` rows), with the summed key
-    gradient and the recomputed tanh described in the module docstring."""
+def additive_step_scorer(keys: Tensor, w: Tensor) -> Callable[[Tensor], Tensor]:
+    """Teacher-forcing scores of additive attention from the step's query: ``q [R,A] -> e [R,N]``
+    against ``keys[:R]`` (the captions still running are the first ``R`` rows) and the score
+    weights ``w [A]``, with the summed key gradient and the recomputed tanh described in the
+    module docstring."""
     if not torch.is_grad_enabled():
-        return lambda h: attention.scores(h, keys[: h.shape[0]])
+        return lambda q: torch.matmul(torch.tanh(keys[: q.shape[0]] + q.unsqueeze(1)), w)
     grads = _AdditiveKeyGradients(keys)
-    w = attention.score_proj.weight.reshape(-1)
     token = _KeyGradSink.apply(keys, w, grads)
-
-    def scorer(h: Tensor) -> Tensor:
-        return _AdditiveScoresStep.apply(attention.query_proj(h), w, token, grads)
-
-    return scorer
+    return lambda q: _AdditiveScoresStep.apply(q, w, token, grads)
 
 
 def additive_scores_inference(keys: Tensor, q: Tensor, weight: Tensor) -> Tensor:

@@ -32,7 +32,8 @@ MODES = ("concat", "add")
 def sinusoid(positions: Tensor, dim: int) -> Tensor:
     """``[P]`` integer positions -> ``[P, dim]``: ``sin(p / 10000^(2i/dim))``, ``cos(...)`` pairs."""
     half = dim // 2
-    freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / max(half, 1))
+    i = torch.arange(half, dtype=torch.float32, device=positions.device)  # on the positions' device
+    freq = torch.exp(-math.log(10000.0) * i / max(half, 1))
     angle = positions.float().unsqueeze(1) * freq.unsqueeze(0)  # [P, half]
     code = torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(-1, 2 * half)
     if 2 * half < dim:  # odd dim: one zero column

@@ -83,7 +83,7 @@ class TrainConfig:
     # there is nothing to resume (requeue scripts) | never: always a fresh run (a folder holding a run is refused)
     resume: str = "auto"
     eval_batch_size: int = 128
-    compile: bool = False  # torch.compile the fixed-shape loss (CUDA graphs on a GPU)
+    compile: str = "auto"  # auto: compiled with CUDA graphs on a CUDA device, eager elsewhere | true | false
     stage: str = "xe"  # xe | scst | finetune (conf/stage/; captioning.train.stage)
     scst: ScstConfig = field(default_factory=ScstConfig)  # stage=scst: self-critical fine-tuning
     init_from: str | None = None  # start from this checkpoint's weights (a new run; e.g. XE -> SCST)

@@ -25,8 +25,17 @@ from captioning.metrics import compute_metrics
 from captioning.metrics.cider import CiderD
 from captioning.models.decoders import CaptionDecoder, build_decoder
 from captioning.models.positions import layout_from_meta
-from captioning.models.search import DecodeConfig, Hypothesis, decode_batch, greedy_decode, sample
+from captioning.models.search import (
+    DecodeConfig,
+    Hypothesis,
+    SampleBatch,
+    decode_batch,
+    greedy_decode,
+    sample,
+)
+from captioning.train.compiled import compile_mode, compile_setting, fixed_shapes
 from captioning.train.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
+from captioning.train.scst_sampling import greedy_fixed, greedy_words, policy
 from captioning.train.stage import stage_of, without_flags
 
 log = logging.getLogger(__name__)
@@ -94,32 +103,48 @@ class CaptioningModule(pl.LightningModule):
             config["model"], len(self.vocab), int(feature_meta["dim"]), layout_from_meta(feature_meta),
             pad_id=self.vocab.pad,
         )
-        # compile: the fixed-shape loss under torch.compile (CUDA graphs on a GPU), captions
-        # padded to one length so that one graph serves every batch
-        self.compile_loss = bool(config.get("compile", False))
-        if self.compile_loss and not self.decoder.compilable:
+        # compile (auto | true | false): the fixed-shape loss under torch.compile, CUDA graphs on a
+        # GPU; every batch padded to one shape so that one graph serves the whole run (fixed_shapes)
+        self.compile_setting = compile_setting(config.get("compile", "auto"))
+        if self.compile_setting == "true" and not self.decoder.compilable:
             raise CaptioningError(
                 f"compile=true: model {type(self.decoder).run_tag(self.decoder.cfg)} cannot be compiled whole "
-                f"(it samples on the host, e.g. hard attention's locations); train it with compile=false"
+                f"(hard attention samples on the host, the BiLSTM encoder packs its sequences); train it with "
+                f"compile=false or compile=auto"
             )
-        self._token_length = int(config.get("data", {}).get("max_length", 0)) + 2
+        data = config.get("data", {})
+        self._shape = (int(data.get("batch_size", 0)), int(data.get("max_length", 0)) + 2)  # rows, tokens
         self._compiled_loss: Any = None
+        self._compiled_greedy: Any = None  # stage=scst, compiled: captioning.train.scst_sampling
+        self._compiled_policy: Any = None
         self._val_outputs: list[tuple[int, str]] = []
         self._skip_step = False
         self._schedule_steps: int | None = None  # the cosine schedule's length, once resolved
         self.last_val_predictions: dict[int, str] = {}
 
     # ------------------------------------------------------------------ training
+    #: torch.compile's backend (tests count compilations with a cheap one)
+    compile_backend: Any = "inductor"
+
+    def compile_mode(self) -> str | None:
+        """How the training loss runs on this module's device: None (eager) or torch.compile's mode
+        (``compile_mode`` of this module)."""
+        return compile_mode(self.compile_setting, self.device, self.decoder.compilable)
+
+    def compiled(self, fn: Any) -> Any:
+        """``fn`` under ``torch.compile`` (one graph, static shapes; CUDA graphs on a GPU)."""
+        options: dict[str, Any] = {"backend": self.compile_backend}
+        if self.compile_backend == "inductor":
+            options["mode"] = self.compile_mode()
+        return torch.compile(fn, fullgraph=True, dynamic=False, **options)
+
     def _loss(self, features: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         smoothing = self.optim_cfg.label_smoothing
-        if not self.compile_loss:
+        if self.compile_mode() is None:
             return self.decoder.compute_loss(features, mask, tokens, label_smoothing=smoothing)
         if self._compiled_loss is None:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._compiled_loss = torch.compile(functools.partial(self.decoder.compute_loss, static=True),
-                                                fullgraph=True, mode=mode)
-        if tokens.shape[1] < self._token_length:
-            tokens = torch.nn.functional.pad(tokens, (0, self._token_length - tokens.shape[1]), value=self.vocab.pad)
+            self._compiled_loss = self.compiled(functools.partial(self.decoder.compute_loss, static=True))
+        features, mask, tokens = fixed_shapes(features, mask, tokens, *self._shape, pad=self.vocab.pad)
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # this step's graph outputs are new tensors
         return self._compiled_loss(features, mask, tokens, label_smoothing=smoothing)
@@ -131,37 +156,82 @@ class CaptioningModule(pl.LightningModule):
             self._reward = CiderD([[r.split() for r in item] for item in refs])  # df once
 
     def _scst_loss(self, batch) -> dict[str, torch.Tensor]:
-        """Self-critical loss of a batch of items (``captioning.train.scst``)."""
+        """Self-critical loss of a batch of items (``captioning.train.scst``).  Compiled
+        (``compile_mode``): the greedy baseline, then the sampling with the cross-entropy term, each
+        one graph at fixed shapes (``captioning.train.scst_sampling``), the rewards read on the host
+        in between; a padded batch's empty rows are left out of the loss."""
         cfg, v = self.scst_cfg, self.vocab
-        feats = batch.features.float()
-        banned = sorted({v.pad, v.bos, v.unk} - {v.eos})
-        drawn = sample(self.decoder, feats, batch.mask, n=cfg.samples, max_length=cfg.max_length, bos=v.bos,
-                       eos=v.eos, banned=banned, temperature=cfg.temperature, entropy=cfg.entropy_weight > 0)
         items = batch.index.tolist()
-        rewards = torch.as_tensor(
-            self._reward([v.decode(w) for w in drawn.words(v.eos)], [i for i in items for _ in range(cfg.samples)]),
-            dtype=torch.float32, device=feats.device)
+        feats, mask, tokens = batch.features.float(), batch.mask, batch.tokens
+        compiled = self.compile_mode() is not None
+        if compiled:
+            feats, mask, tokens = fixed_shapes(feats, mask, tokens, *self._shape, pad=v.pad)
+            if self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()  # this step's graph outputs are new tensors
+        base = None
         if cfg.baseline == "greedy":  # Rennie et al.: the reward of test-time inference
-            self.decoder.eval()
-            with torch.no_grad():
-                greedy = greedy_decode(self.decoder, feats, batch.mask, cfg.max_length, v.bos, v.eos, unk=v.unk)
-            self.decoder.train()
-            base = torch.as_tensor(self._reward([v.decode(h.tokens) for h in greedy], items),
-                                   dtype=torch.float32, device=feats.device).repeat_interleave(cfg.samples)
-        else:  # Luo 2020: the mean reward of the item's other samples
+            base = self._rewards(self._greedy_words(feats, mask, compiled)[: len(items)], items)
+            base = base.repeat_interleave(cfg.samples)
+        drawn, xe = self._draw(feats, mask, tokens, compiled)
+        real = len(items) * cfg.samples  # the rows of the batch's items
+        rewards = self._rewards(drawn.words(v.eos)[:real], [i for i in items for _ in range(cfg.samples)])
+        if base is None:  # Luo 2020: the mean reward of the item's other samples
             base = leave_one_out_baseline(rewards.view(-1, cfg.samples)).reshape(-1)
-        loss = scst_surrogate(drawn.log_probs, drawn.mask, rewards - base)
+        sampled = drawn.mask[:real]
+        loss = scst_surrogate(drawn.log_probs[:real], sampled, rewards - base)
         out = {"reward": rewards.mean(), "baseline_reward": base.mean(), "scst": loss.detach()}
         if cfg.entropy_weight > 0 and drawn.entropy is not None:
-            entropy = drawn.entropy.sum() / drawn.mask.sum().clamp_min(1)
+            entropy = drawn.entropy[:real].sum() / sampled.sum().clamp_min(1)
             loss = loss - cfg.entropy_weight * entropy
             out["entropy"] = entropy.detach()
-        if cfg.xe_weight > 0:
-            xe = self.decoder.compute_loss(feats, batch.mask, batch.tokens, self.optim_cfg.label_smoothing)["xe"]
+        if xe is not None:
             loss = loss + cfg.xe_weight * xe
             out["xe"] = xe.detach()
         out["loss"] = loss
         return out
+
+    def _rewards(self, words: list[list[int]], items: list[int]) -> torch.Tensor:
+        """CIDEr-D of each caption (token ids) against its item's training references."""
+        texts = [self.vocab.decode(w) for w in words]
+        return torch.as_tensor(self._reward(texts, items), dtype=torch.float32, device=self.device)
+
+    def _banned(self) -> list[int]:
+        v = self.vocab
+        return sorted({v.pad, v.bos, v.unk} - {v.eos})
+
+    def _greedy_words(self, feats: torch.Tensor, mask: torch.Tensor, compiled: bool) -> list[list[int]]:
+        """The greedy caption of every row (eval mode, no grad)."""
+        cfg, v = self.scst_cfg, self.vocab
+        self.decoder.eval()
+        with torch.no_grad():
+            if compiled:
+                if self._compiled_greedy is None:
+                    self._compiled_greedy = self.compiled(functools.partial(
+                        greedy_fixed, self.decoder, max_length=cfg.max_length, bos=v.bos, eos=v.eos,
+                        banned=self._banned()))
+                words = greedy_words(self._compiled_greedy(feats, mask), v.eos)
+            else:
+                words = [h.tokens for h in greedy_decode(self.decoder, feats, mask, cfg.max_length, v.bos, v.eos,
+                                                         unk=v.unk)]
+        self.decoder.train()
+        return words
+
+    def _draw(self, feats: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, compiled: bool
+              ) -> tuple[SampleBatch, torch.Tensor | None]:
+        """``scst.samples`` captions per row and, with ``scst.xe_weight``, the cross-entropy of the
+        rows' reference captions."""
+        cfg, v = self.scst_cfg, self.vocab
+        smoothing = self.optim_cfg.label_smoothing
+        options = dict(n=cfg.samples, max_length=cfg.max_length, bos=v.bos, eos=v.eos, banned=self._banned(),
+                       temperature=cfg.temperature, entropy=cfg.entropy_weight > 0)
+        if compiled:
+            if self._compiled_policy is None:
+                self._compiled_policy = self.compiled(functools.partial(
+                    policy, self.decoder, xe=cfg.xe_weight > 0, label_smoothing=smoothing, **options))
+            return self._compiled_policy(feats, mask, tokens)
+        drawn = sample(self.decoder, feats, mask, **options)
+        xe = self.decoder.compute_loss(feats, mask, tokens, smoothing)["xe"] if cfg.xe_weight > 0 else None
+        return drawn, xe
 
     def training_step(self, batch, batch_idx: int):
         if self.stage == "scst":

@@ -43,12 +43,14 @@ class DecoderState:
     Transformer's self-attention cache ``[R,t,d]``).  ``memory``: tensors with ``M = R / group``
     items on dim 0 (annotation vectors, cached attention keys, the mask); row ``r`` reads memory
     item ``r // group``.  Beam search keeps ``group = K`` so the K beams of an item share one copy
-    of the memory.
+    of the memory.  ``shared``: what every row reads and no reindexing touches (e.g. the LSTM
+    step's weights, concatenated and cast once per decoding).
     """
 
     rows: dict[str, Tensor]
     memory: dict[str, Tensor | None] = field(default_factory=dict)
     group: int = 1
+    shared: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
@@ -69,12 +71,12 @@ class DecoderState:
             return replace(self, rows=rows)
         items = torch.div(idx, self.group, rounding_mode="floor")
         memory = {k: (None if v is None else v.index_select(0, items)) for k, v in self.memory.items()}
-        return DecoderState(rows, memory, 1)
+        return DecoderState(rows, memory, 1, self.shared)
 
     def repeat_interleave(self, k: int) -> DecoderState:
         """Each row repeated ``k`` times consecutively; the memory is shared (``group *= k``)."""
         rows = {key: v.repeat_interleave(k, dim=0) for key, v in self.rows.items()}
-        return DecoderState(rows, dict(self.memory), self.group * k)
+        return DecoderState(rows, dict(self.memory), self.group * k, self.shared)
 
     def select_groups(self, groups: Tensor) -> DecoderState:
         """Keep memory items ``groups [M']`` and all their rows (drops finished items)."""
@@ -82,7 +84,7 @@ class DecoderState:
         idx = (groups.unsqueeze(1) * g + torch.arange(g, device=groups.device)).reshape(-1)
         rows = {k: v.index_select(0, idx) for k, v in self.rows.items()}
         memory = {k: (None if v is None else v.index_select(0, groups)) for k, v in self.memory.items()}
-        return DecoderState(rows, memory, g)
+        return DecoderState(rows, memory, g, self.shared)
 
 
 def teacher_forcing_targets(tokens: Tensor, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:

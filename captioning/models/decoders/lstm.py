@@ -26,49 +26,30 @@ batch loss is the sum over captions divided by the number of tokens, so ``loss``
 (like ``xe``) while lambda weighs the regulariser against the caption's summed log-likelihood as
 in the paper (and in arctic-captions); ``ds`` is logged per caption.
 
-Teacher forcing runs the loop only over the captions still running at each step (the batch
-sorted by length: what ``pack_padded_sequence`` does), or with ``static=True`` over every row at
-every step (fixed shapes, one graph for ``torch.compile``).  With ``fused_kernels`` the step uses
-``captioning.models.kernels`` (the same numbers, faster on a CPU).
+One step (``lstm_step.LSTMStep``: every use of ``h_{t-1}`` in one product, the weights cast once)
+serves teacher forcing and decoding alike.  Teacher forcing (``lstm_forcing``) runs the loop only
+over the captions still running at each step (the batch sorted by length: what
+``pack_padded_sequence`` does), or with ``static=True`` over every row at every step (fixed
+shapes, one graph for ``torch.compile``).  ``fused_kernels=true`` runs its products and scores
+through ``captioning.models.kernels`` (the same numbers, less activation memory; no faster, so
+``auto`` leaves them off: ``kernels.use_kernels``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from captioning.errors import ConfigError
 from captioning.models import kernels
-from captioning.models.attention import (
-    AdditiveAttention,
-    SelectorGate,
-    argmax_location,
-    attention_entropy,
-    build_attention,
-    doubly_stochastic_penalty,
-    expand_groups,
-    hard_context,
-    location_log_prob,
-    masked_mean,
-    masked_softmax,
-    reinforce_surrogate,
-    sample_location,
-    soft_context,
-    update_baseline,
-)
+from captioning.models.attention import SelectorGate, build_attention, masked_mean
+from captioning.models.decoders import lstm_forcing as forcing
 from captioning.models.decoders import register_decoder
-from captioning.models.decoders.base import (
-    CaptionDecoder,
-    DecoderState,
-    check_right_padded,
-    teacher_forcing_targets,
-    token_cross_entropy,
-)
+from captioning.models.decoders.base import CaptionDecoder, DecoderState
+from captioning.models.decoders.lstm_step import LSTMStep, precision, score_mask
 from captioning.models.positions import CODES, MODES, PositionCode
 from captioning.models.residual import CENTRES, Residual
 
@@ -77,20 +58,7 @@ __all__ = ["LSTMConfig", "LSTMDecoder", "VARIANTS"]
 VARIANTS = ("show_tell", "mean_pool", "soft_attention", "hard_attention")
 SCORINGS = ("additive", "dot", "general")
 TEST_MODES = ("argmax", "expectation")
-
-
-@dataclass
-class _Schedule:
-    """Teacher forcing's inputs/targets ``[B,T]`` and real-token mask; packed: sorted longest first,
-    with ``lengths`` [B] and ``active[t]`` the rows still running at step t (None: every row, every step)."""
-
-    features: Tensor
-    mask: Tensor | None
-    inputs: Tensor
-    targets: Tensor
-    step_mask: Tensor
-    lengths: Tensor | None = None
-    active: list[int] | None = None
+KERNELS = ("auto", "true", "false")
 
 
 @dataclass
@@ -122,11 +90,14 @@ class LSTMConfig:
     baseline_decay: float = 0.9
     reinforce_weight: float = 1.0
     test_mode: str = "argmax"  # argmax | expectation
-    fused_kernels: bool = True  # teacher forcing through captioning.models.kernels
+    # teacher forcing through captioning.models.kernels: auto (= false: they no longer make a step
+    # faster, measured, kernels.use_kernels) | true (their memory saving on a CPU) | false
+    fused_kernels: str = "auto"
 
     def validate(self) -> LSTMConfig:
         """Raise ``ConfigError`` naming the bad key; returns ``self``."""
-        choices = {"variant": VARIANTS, "scoring": SCORINGS, "test_mode": TEST_MODES,
+        self.fused_kernels = str(self.fused_kernels).lower()  # a bool in older checkpoints: true | false
+        choices = {"variant": VARIANTS, "scoring": SCORINGS, "test_mode": TEST_MODES, "fused_kernels": KERNELS,
                    "position_code": CODES, "position_mode": MODES, "residual": ("none", *CENTRES)}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
@@ -144,11 +115,6 @@ class LSTMConfig:
         if self.bidirectional_encoder and self.hidden_dim < 2:
             raise ConfigError("model.hidden_dim must be >= 2 with bidirectional_encoder")
         return self
-
-
-def _pad_rows_and_stack(xs: list[Tensor], rows: int) -> Tensor:
-    """Per-step tensors ``xs[t] [R_t, ...]`` (``R_t <= rows``) -> ``[rows, T, ...]``, zero-padded."""
-    return torch.stack([F.pad(x, (0, 0) * (x.dim() - 1) + (0, rows - x.shape[0])) for x in xs], 1)
 
 
 @register_decoder("lstm")
@@ -169,7 +135,9 @@ class LSTMDecoder(CaptionDecoder):
         self.has_attention = attends
         self.hard = cfg.variant == "hard_attention"
         self.hard_attention = self.hard and cfg.test_mode == "argmax"
-        self.compilable = not self.hard
+        # one graph under torch.compile: not hard attention (it samples on the host), nor the BiLSTM
+        # encoder (packed sequences; dynamo does not trace nn.LSTM)
+        self.compilable = not self.hard and not cfg.bidirectional_encoder
         self.uses_context = cfg.variant != "show_tell"
 
         self.embedding = nn.Embedding(self.vocab_size, E, padding_idx=self.pad_id)
@@ -269,58 +237,35 @@ class LSTMDecoder(CaptionDecoder):
             memory["context"] = mean
         return memory, mean
 
-    def _initial_state(self, mean: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        """``h_0, c_0 = tanh(f_init(mean_i a_i))``; show_tell feeds the image at step -1."""
+    def _prepare(self, features: Tensor, mask: Tensor | None, static: bool, forcing: bool = False
+                 ) -> tuple[LSTMStep, dict[str, Tensor | None], list[Tensor], list[Tensor]]:
+        """The step (weights prepared once; for packed teacher ``forcing`` with the CPU kernels
+        when ``kernels.use_kernels`` says so), the memory in the step's dtype with the attention's
+        mask bias, and ``h_0, c_0``."""
+        memory, mean = self._memory(features, mask)
+        fused = forcing and kernels.use_kernels(self.cfg.fused_kernels)
+        step = LSTMStep(self, deferred=fused, keys=memory["keys"] if fused else None)
+        for key in ("values", "keys", "context"):
+            memory[key] = step.cast(memory[key])
+        if self.attention is not None:
+            memory["bias"], memory["keep"] = score_mask(memory["mask"], static)
+        h, c = self._initial_state(mean, step)
+        return step, memory, h, c
+
+    def _initial_state(self, mean: Tensor, step: LSTMStep) -> tuple[list[Tensor], list[Tensor]]:
+        """``h_0, c_0 = tanh(f_init(mean_i a_i))`` in the step's dtype; show_tell feeds the image at step -1."""
         b = mean.shape[0]
         L, H = self.cfg.num_layers, self.cfg.hidden_dim
         if self.init_h is not None and self.init_c is not None:
-            h0 = torch.tanh(self.init_h(mean)).reshape(b, L, H)
-            c0 = torch.tanh(self.init_c(mean)).reshape(b, L, H)
+            h0 = torch.tanh(self.init_h(mean)).reshape(b, L, H).to(step.dtype)
+            c0 = torch.tanh(self.init_c(mean)).reshape(b, L, H).to(step.dtype)
             return list(h0.unbind(1)), list(c0.unbind(1))
-        zeros = mean.new_zeros(b, H)
+        zeros = mean.new_zeros(b, H, dtype=step.dtype)
         h, c = [zeros] * L, [zeros] * L
         if self.image_proj is not None:
-            h, c = self._lstm(self.image_proj(mean), h, c)
+            with forcing.no_autocast(mean.device):
+                h, c, *_ = step(step.word_gates(self.image_proj(mean)), h, c, {}, "soft")
         return h, c
-
-    # ------------------------------------------------------------------ one step
-
-    def _attend(self, h_top: Tensor, memory: dict[str, Tensor | None], mode: str,
-                scorer: Any = None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        """``(z_t [R,C], alpha_t [R,N], log p(s_t) [R])`` from ``h_{t-1}``; Nones where absent.
-
-        ``mode``: ``soft`` (expectation), ``sample`` or ``argmax`` (hard attention).  ``R`` may
-        be a multiple of the memory's items (beams share their item's memory).
-        """
-        if not self.uses_context:
-            return None, None, None
-        if self.attention is None:
-            return expand_groups(memory["context"], h_top.shape[0]), None, None
-        values, keys, mask = memory["values"], memory["keys"], memory["mask"]
-        assert values is not None and keys is not None
-        e = scorer(h_top) if scorer is not None else self.attention.scores(h_top, keys)
-        alpha = masked_softmax(e, mask)
-        logp = None
-        if mode == "soft":
-            z = soft_context(alpha, values)
-        else:
-            loc = sample_location(alpha) if mode == "sample" else argmax_location(alpha)
-            z = hard_context(values, loc)
-            if mode == "sample":
-                logp = location_log_prob(alpha, loc)
-        if self.gate is not None:
-            z = z * self.gate(h_top).to(z.dtype)
-        return z, alpha, logp
-
-    def _lstm(self, x: Tensor, h: list[Tensor], c: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
-        """The stacked LSTM on input ``x [R,in]`` (dropout between layers)."""
-        new_h: list[Tensor] = []
-        new_c: list[Tensor] = []
-        for i, cell in enumerate(self.cells):
-            hi, ci = cell(x if i == 0 else self.dropout(new_h[-1]), (h[i], c[i]))
-            new_h.append(hi)
-            new_c.append(ci)
-        return new_h, new_c
 
     def _logits(self, words: Tensor, h: Tensor, z: Tensor | None) -> Tensor:
         """Vocabulary logits from ``E y_{t-1} [*,E]``, ``h_t [*,H]``, ``z_t [*,C]``."""
@@ -337,20 +282,22 @@ class LSTMDecoder(CaptionDecoder):
     # ------------------------------------------------------------------ inference
 
     def init_state(self, features: Tensor, mask: Tensor | None) -> DecoderState:
-        memory, mean = self._memory(features, mask)
-        h, c = self._initial_state(mean)
-        return DecoderState({"h": torch.stack(h, 1), "c": torch.stack(c, 1)}, memory)
+        with precision(features.device):  # no host read inside a compiled graph (fixed-shape SCST decoding)
+            step, memory, h, c = self._prepare(features, mask, static=torch.compiler.is_compiling())
+        return DecoderState({"h": torch.stack(h, 1), "c": torch.stack(c, 1)}, memory, shared={"step": step})
 
     def step(self, prev_tokens: Tensor, state: DecoderState) -> tuple[Tensor, Tensor | None, DecoderState]:
         """``prev_tokens [R]`` -> ``(log_probs [R,V] float32, alpha [R,N] | None, state)``.
 
         Hard attention uses ``test_mode``; the returned ``alpha`` is always the distribution.
         """
-        words = self.embedding(prev_tokens)
-        h, c = list(state.rows["h"].unbind(1)), list(state.rows["c"].unbind(1))
-        z, alpha, _ = self._attend(h[-1], state.memory, self._test_mode())
-        h, c = self._lstm(words if z is None else torch.cat([words, z.to(words.dtype)], -1), h, c)
-        log_probs = torch.log_softmax(self._logits(words, h[-1], z).float(), dim=-1)
+        lstm = state.shared["step"]
+        with precision(prev_tokens.device):
+            words = self.embedding(prev_tokens)
+            with forcing.no_autocast(words.device):
+                h, c = list(state.rows["h"].unbind(1)), list(state.rows["c"].unbind(1))
+                h, c, z, alpha, _ = lstm(lstm.word_gates(words), h, c, state.memory, self._test_mode())
+            log_probs = torch.log_softmax(self._logits(words, h[-1], z).float(), dim=-1)
         return log_probs, alpha, state.with_rows(h=torch.stack(h, 1), c=torch.stack(c, 1))
 
     # ------------------------------------------------------------------ training
@@ -377,127 +324,19 @@ class LSTMDecoder(CaptionDecoder):
         if static and self.hard:
             raise ConfigError("compute_loss(static=True): hard_attention decides soft/sampled batches and "
                               "updates its REINFORCE baseline on the host; use the packed schedule")
-        sched = self._schedule(features, mask, tokens, static)
-        memory, mean = self._memory(sched.features, sched.mask)
-        h, c = self._initial_state(mean)
+        with precision(features.device):
+            return self._teacher_forcing(features, mask, tokens, label_smoothing, static)
+
+    def _teacher_forcing(self, features: Tensor, mask: Tensor | None, tokens: Tensor, label_smoothing: float,
+                         static: bool) -> dict[str, Tensor]:
+        sched = forcing.schedule(features, mask, tokens, self.pad_id, static)
+        step, memory, h, c = self._prepare(sched.features, sched.mask, static, forcing=not static)
         if self.hard and self.training:
-            mode = "soft" if float(torch.rand(())) < self.cfg.soft_fraction else "sample"
+            mode = "soft" if float(torch.rand((), device="cpu")) < self.cfg.soft_fraction else "sample"
         else:
             mode = self._test_mode()
         words = self.embedding(sched.inputs)  # [B,T,E], all steps at once
-        steps = self._unroll(words, memory, h, c, mode, sched, fused=self.cfg.fused_kernels and not static)
-        return self._losses(words, steps, sched, memory["mask"], label_smoothing, tokens.shape[0])
-
-    def _schedule(self, features: Tensor, mask: Tensor | None, tokens: Tensor, static: bool) -> _Schedule:
-        """Inputs/targets of teacher forcing; packed (not ``static``): the batch sorted longest first,
-        so the captions still running at step t are a prefix and step t works on rows [:active[t]]."""
-        inputs, targets, step_mask = teacher_forcing_targets(tokens, self.pad_id)
-        if static:
-            return _Schedule(features, mask, inputs, targets, step_mask)
-        lengths = check_right_padded(step_mask, self.pad_id)
-        t_max = max(int(lengths.max().item()) if lengths.numel() else 0, 1)
-        inputs, targets, step_mask = inputs[:, :t_max], targets[:, :t_max], step_mask[:, :t_max]
-        order = torch.argsort(lengths, descending=True, stable=True)
-        if not torch.equal(order, torch.arange(tokens.shape[0], device=order.device)):
-            features, inputs, targets = features[order], inputs[order], targets[order]
-            step_mask, lengths = step_mask[order], lengths[order]
-            mask = mask[order] if mask is not None else None
-        steps = torch.arange(t_max, device=lengths.device)
-        active = (lengths.unsqueeze(0) > steps.unsqueeze(1)).sum(1).tolist()
-        return _Schedule(features, mask, inputs, targets, step_mask, lengths, active)
-
-    def _steppers(self, words: Tensor, keys: Tensor | None, fused: bool) -> tuple[Callable, Callable | None]:
-        """The LSTM step and the attention scorer: the fused kernels (``captioning.models.kernels``)
-        or plain autograd, tested equal."""
-        if fused:
-            lstm_step = kernels.FusedLSTMCells(self.cells, words, self.dropout).step
-        else:
-            def lstm_step(t: int, z: Tensor | None, h: list[Tensor], c: list[Tensor]):
-                x = words[: h[0].shape[0], t]
-                return self._lstm(x if z is None else torch.cat([x, z.to(x.dtype)], -1), h, c)
-        if keys is None:
-            return lstm_step, None
-        if fused and isinstance(self.attention, AdditiveAttention):
-            return lstm_step, kernels.additive_step_scorer(self.attention, keys)
-        return lstm_step, lambda h_top: self.attention.scores(h_top, keys[: h_top.shape[0]])
-
-    def _unroll(self, words: Tensor, memory: dict, h: list[Tensor], c: list[Tensor], mode: str,
-                sched: _Schedule, fused: bool) -> dict[str, list[Tensor]]:
-        """The decoder over the caption's steps: per step the top hidden state, context, attention
-        and (sampled hard attention) the log-probability of the chosen location."""
-        lstm_step, scorer = self._steppers(words, memory["keys"], fused)
-        out: dict[str, list[Tensor]] = {"h": [], "z": [], "alpha": [], "logp": []}
-        for t in range(sched.inputs.shape[1]):
-            if sched.active is not None and sched.active[t] < h[0].shape[0]:  # captions that ended drop out
-                r = sched.active[t]
-                h, c = [x[:r] for x in h], [x[:r] for x in c]
-                memory = {k: (None if v is None else v[:r]) for k, v in memory.items()}
-            z, alpha, logp = self._attend(h[-1], memory, mode, scorer)
-            h, c = lstm_step(t, z, h, c)
-            out["h"].append(h[-1])
-            for key, value in (("z", z), ("alpha", alpha), ("logp", logp)):
-                if value is not None:
-                    out[key].append(value)
-        return out
-
-    def _losses(self, words: Tensor, steps: dict[str, list[Tensor]], sched: _Schedule, position_mask: Tensor | None,
-                label_smoothing: float, b: int) -> dict[str, Tensor]:
-        """Token cross-entropy over the real tokens, eq. 14's regulariser and, for hard attention, the
-        REINFORCE and entropy terms (see ``compute_loss``)."""
-        cfg, zs, alphas = self.cfg, steps["z"], steps["alpha"]
-        if sched.active is not None:  # real tokens only, time-major (the order the loop made them)
-            real_tb = sched.step_mask.t()  # [T,B]
-            z_all = torch.cat(zs, 0) if zs else None
-            logits = self._logits(words.transpose(0, 1)[real_tb], torch.cat(steps["h"], 0), z_all)  # [M,V]
-            tgt = sched.targets.t()[real_tb]
-            n_tok: Tensor | int = max(tgt.numel(), 1)
-            alpha_all = _pad_rows_and_stack(alphas, b) if alphas else None  # zeros after <eos>
-        else:
-            real_tb = None
-            z_all = torch.stack(zs, 1) if zs else None
-            logits = self._logits(words, torch.stack(steps["h"], 1), z_all).flatten(0, 1)  # [B*T,V]
-            tgt = sched.targets.flatten()
-            n_tok = sched.step_mask.sum().clamp_min(1)
-            alpha_all = torch.stack(alphas, 1) if alphas else None
-        ignore = self.pad_id if sched.active is None else -100
-        nll_sum = token_cross_entropy(logits, tgt, label_smoothing, ignore_index=ignore)
-        out: dict[str, Tensor] = {"xe": nll_sum / n_tok}
-        total = nll_sum
-        if alpha_all is not None:
-            penalty = doubly_stochastic_penalty(alpha_all, sched.step_mask, position_mask)  # [B]
-            out["ds"] = penalty.mean()
-            total = total + cfg.doubly_stochastic * penalty.sum()
-        else:
-            out["ds"] = nll_sum.new_zeros(())
-        out["loss"] = total / n_tok
-        if self.hard:
-            assert alpha_all is not None and isinstance(n_tok, int)
-            entropy = (attention_entropy(alpha_all) * sched.step_mask.to(alpha_all.dtype)).sum() / n_tok
-            reinforce = nll_sum.new_zeros(())
-            if steps["logp"]:
-                reinforce = self._reinforce(logits, tgt, real_tb, sched.lengths, _pad_rows_and_stack(steps["logp"], b),
-                                            n_tok)
-            out["loss"] = out["loss"] + cfg.reinforce_weight * reinforce - cfg.entropy_weight * entropy
-            out.update(reinforce=reinforce, entropy=entropy.detach(),
-                       baseline=self.reinforce_baseline.detach().clone().float())
-        return out
-
-    def _reinforce(self, logits: Tensor, tgt: Tensor, real_tb: Tensor, lengths: Tensor, logp: Tensor,
-                   n_tok: int) -> Tensor:
-        """REINFORCE surrogate of the sampled locations ``logp [B,T]`` (zeros after <eos>).
-
-        Reward of caption b: its mean token log-likelihood (detached); baseline: the moving
-        average of the batch mean reward (bias-corrected start: the first batch's mean).
-        """
-        with torch.no_grad():
-            nll = F.cross_entropy(logits.float(), tgt, reduction="none")  # [M], time-major
-            nll_tb = torch.zeros(real_tb.shape, dtype=nll.dtype, device=nll.device)
-            nll_tb[real_tb] = nll
-            reward = -nll_tb.sum(0) / lengths.clamp_min(1).to(nll.dtype)  # [B]
-            first = int(self.reinforce_updates) == 0
-            baseline = reward.mean() if first else self.reinforce_baseline.float()
-        surrogate = reinforce_surrogate(logp.sum(1), reward, baseline, n_tok)
-        with torch.no_grad():
-            self.reinforce_baseline.copy_(update_baseline(baseline, reward, self.cfg.baseline_decay))
-            self.reinforce_updates += 1
-        return surrogate
+        with forcing.no_autocast(words.device):
+            x_steps = step.word_gates(words.transpose(0, 1)).unbind(0)  # T x [B,4H]
+            steps = forcing.unroll(step, x_steps, memory, h, c, mode, sched.active)
+        return forcing.losses(self, words, steps, sched, memory["mask"], label_smoothing)
