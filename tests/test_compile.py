@@ -20,7 +20,8 @@ from captioning.data.datamodule import CaptionDataModule
 from captioning.data.records import CaptionRecord
 from captioning.data.vocab import Vocabulary
 from captioning.errors import ConfigError
-from captioning.store.feature_store import FeatureStore, FeatureStoreWriter
+from captioning.store.feature_store import FeatureStore
+from captioning.store.writer import FeatureStoreWriter
 from captioning.train import module as module_mod
 from captioning.train.compiled import compile_mode, compile_setting, fixed_shapes
 from captioning.train.module import CaptioningModule

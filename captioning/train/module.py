@@ -10,11 +10,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
@@ -34,6 +32,7 @@ from captioning.models.search import (
     sample,
 )
 from captioning.train.compiled import compile_mode, compile_setting, fixed_shapes
+from captioning.train.rng_state import capture_rng, restore_rng
 from captioning.train.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
 from captioning.train.scst_sampling import greedy_fixed, greedy_words, policy
 from captioning.train.stage import stage_of, without_flags
@@ -370,35 +369,14 @@ class CaptioningModule(pl.LightningModule):
         # the run's fingerprint and provenance (captioning.train.identity, captioning.provenance)
         if getattr(self, "run_record", None):
             checkpoint["run"] = self.run_record
-        # RNG states as tensors/lists (weights_only-safe) so a resumed run repeats the same
-        # dropout masks, hard-attention samples and shuffles as an uninterrupted one.
-        np_state = np.random.get_state()
-        checkpoint["rng"] = {
-            "torch": torch.get_rng_state(),
-            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(int, np_state[2:4]),
-                      float(np_state[4])],
-            "python": _python_rng_state(),
-        }
+        # RNG states (weights_only-safe) so a resumed run repeats an uninterrupted one
+        checkpoint["rng"] = capture_rng()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # a resumed run keeps the schedule it resolved at its start (never rebuilt over a new budget)
         self._schedule_steps = (checkpoint.get("run") or {}).get("schedule_steps") or self._schedule_steps
-        rng = checkpoint.get("rng")
-        if not rng:
-            return
-        torch.set_rng_state(rng["torch"])
-        s = rng["numpy"]
-        np.random.set_state((s[0], s[1].numpy().astype(np.uint32), s[2], s[3], s[4]))
-        random.setstate(_python_rng_restore(rng["python"]))
-
-
-def _python_rng_state() -> list:
-    version, state, gauss = random.getstate()
-    return [version, list(state), gauss]
-
-
-def _python_rng_restore(s: list) -> tuple:
-    return (s[0], tuple(s[1]), s[2])
+        if checkpoint.get("rng"):
+            restore_rng(checkpoint["rng"])
 
 
 def config_dict(cfg: Any) -> dict:
