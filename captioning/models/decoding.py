@@ -8,6 +8,7 @@ The searches themselves: greedy decoding and the entry point ``decode_batch`` in
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +17,13 @@ from torch import Tensor
 
 from captioning.errors import ConfigError
 
-__all__ = ["NEG_INF", "DecodeConfig", "Hypothesis", "banned_tokens", "length_penalty", "mask_log_probs"]
+__all__ = ["NEG_INF", "PRECISIONS", "DecodeConfig", "Hypothesis", "banned_tokens", "decoding_autocast",
+           "length_penalty", "mask_log_probs"]
 
 NEG_INF = float("-inf")
+#: the arithmetic of decoding: fp32 (what reported numbers use), or autocast to bf16 / fp16 (faster on
+#: a GPU; captions can differ)
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -166,3 +171,12 @@ def banned_tokens(decoder: Any, bos: int, eos: int, unk: int | None) -> list[int
         banned.add(int(unk))
     banned.discard(eos)
     return sorted(banned)
+
+
+def decoding_autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The context to decode in at ``precision`` (``PRECISIONS``): autocast off for fp32 (also inside
+    a mixed-precision region), on to bf16 / fp16 otherwise."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision={precision!r}: use fp32 (the default), bf16 or fp16")
+    dtype = PRECISIONS[precision]
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
