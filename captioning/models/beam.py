@@ -15,7 +15,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captioning.models.decoding import NEG_INF, DecodeConfig, Hypothesis, banned_tokens, length_penalty, mask_log_probs
+from captioning.models.decoding import (
+    NEG_INF,
+    DecodeConfig,
+    Hypothesis,
+    banned_tokens,
+    length_penalty,
+    mask_log_probs,
+)
 
 __all__ = ["beam_search", "grouped_beam_search"]
 

@@ -26,7 +26,13 @@ import torch
 from torch import Tensor
 
 from captioning.models.beam import beam_search, grouped_beam_search
-from captioning.models.decoding import DecodeConfig, Hypothesis, banned_tokens, length_penalty, mask_log_probs
+from captioning.models.decoding import (
+    DecodeConfig,
+    Hypothesis,
+    banned_tokens,
+    length_penalty,
+    mask_log_probs,
+)
 from captioning.models.sampling import SampleBatch, filter_log_probs, sample
 
 __all__ = [
