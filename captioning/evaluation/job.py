@@ -18,6 +18,11 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,18 +98,25 @@ def run_name(paths: list[str]) -> str:
     return name if len(paths) == 1 else f"{name}-ensemble{len(paths)}"
 
 
+def cpu_time() -> float:
+    """CPU seconds of this process (all threads) and of its children that have ended (DataLoader
+    workers, METEOR's Java)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN) if resource is not None else None
+    return time.process_time() + (children.ru_utime + children.ru_stime if children is not None else 0.0)
+
+
 class Laps:
     """Seconds per step of a job (``lap(step)`` closes the step that started at the last lap): wall
-    ``seconds`` and this process's ``cpu_seconds`` (all its threads; on a shared machine the CPU time
-    is what the step cost, the wall time what it waited too)."""
+    ``seconds`` and ``cpu_seconds`` (``cpu_time``: on a shared machine the CPU time is what the step
+    cost, the wall time what it waited too)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.cpu_seconds: dict[str, float] = {}
-        self._clock, self._cpu = time.perf_counter(), time.process_time()
+        self._clock, self._cpu = time.perf_counter(), cpu_time()
 
     def lap(self, step: str) -> None:
-        now, cpu = time.perf_counter(), time.process_time()
+        now, cpu = time.perf_counter(), cpu_time()
         self.seconds[step] = self.seconds.get(step, 0.0) + now - self._clock
         self.cpu_seconds[step] = self.cpu_seconds.get(step, 0.0) + cpu - self._cpu
         self._clock, self._cpu = now, cpu
