@@ -18,11 +18,6 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-
-try:
-    import resource
-except ImportError:  # Windows
-    resource = None  # type: ignore[assignment]
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +50,11 @@ from captioning.train.checkpoint import (
 )
 from captioning.train.module import gather_objects
 from captioning.utils.io import atomic_write_json, read_json
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
 
 log = logging.getLogger("captioning.evaluate")
 
