@@ -6,6 +6,7 @@
     python scripts/gpu_check.py train RUN_DIR FIGURES --label L --seconds S
     python scripts/gpu_check.py compare REFERENCE_DIR CANDIDATE_DIR FIGURES --label L [--identical]
     python scripts/gpu_check.py clock CLOCK_JSON FIGURES --label L [--warmup N]
+    python scripts/gpu_check.py targets FIGURES                 # the issue-41 targets met or missed
     python scripts/gpu_check.py finish FIGURES SUMMARY_JSON
 
 Every line has ``name``, ``unit`` and ``value`` (as ``captioning-bench`` writes them); ``finish``
@@ -189,6 +190,44 @@ def compare(args: argparse.Namespace) -> int:
     return 1 if args.identical and not identical else 0
 
 
+# (target, figure name, the record's fields that select it, the record's field compared, <= or >=, limit)
+TARGETS = (
+    ("extraction_over_forward", "extract_images/ratio", {"device": "cuda", "jpeg_decoder": "nvjpeg*"}, "value",
+     ">=", 0.8),
+    ("evaluate_5k_seconds", "scale/evaluate/total", {"device": "cuda", "precision": "fp32"}, "value", "<=", 10.0),
+    ("evaluate_write_over_decode", "scale/evaluate/total", {"device": "cuda", "precision": "fp32"},
+     "write_over_decode", "<=", 0.1),
+    ("gpu_fp32_captions_equal_cpu", "gpu_check/eval_agreement/cpu_vs_gpu_fp32", {}, "value", ">=", 1.0),
+)
+
+
+def _selects(record: dict, fields: dict) -> bool:
+    for key, want in fields.items():
+        got = str(record.get(key))
+        if not (got.startswith(want[:-1]) if want.endswith("*") else got == want):
+            return False
+    return True
+
+
+def targets(args: argparse.Namespace) -> int:
+    """One line per target of the GPU acceptance (``TARGETS``): the measured value (the last record
+    that matches), the limit and the verdict; exit 1 when one is missed or was not measured."""
+    lines = read_lines(args.figures)
+    records, missed = [], []
+    for target, name, fields, key, op, limit in TARGETS:
+        found = [r for r in lines if r.get("name") == name and _selects(r, fields) and r.get(key) is not None]
+        value = float(found[-1][key]) if found else None
+        met = value is not None and (value >= limit if op == ">=" else value <= limit)
+        verdict = "met" if met else ("not measured" if value is None else "missed")
+        records.append({"name": f"gpu_check/target/{target}", "unit": "", "value": value, "figure": name,
+                        "field": key, "limit": f"{op} {limit}", "verdict": verdict})
+        if not met:
+            missed.append(target)
+        print(f"gpu-check: target {target}: {value} ({op} {limit}): {verdict}")
+    append(args.figures, *records)
+    return 1 if missed else 0
+
+
 def finish(args: argparse.Namespace) -> int:
     """Tag every line with the GPU and torch of the device line; the summary; exit 1 if a stage
     did not finish ok."""
@@ -247,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", required=True)
     p.add_argument("--warmup", type=int, default=5)
     p.set_defaults(fn=clock)
+    p = sub.add_parser("targets")
+    p.add_argument("figures")
+    p.set_defaults(fn=targets)
     p = sub.add_parser("finish")
     p.add_argument("figures")
     p.add_argument("summary")

@@ -3,9 +3,11 @@
 #
 # On a machine with one CUDA GPU and no network: the GPU-only tests, the benchmarks on cuda at the
 # README's COCO sizes (with peak memory; captioning-train end to end at the training benchmark's
-# shape, compiled and eager), and the real CLIs on the embedded shapes data (extraction and bf16-mixed
-# training on the GPU, the GPU checkpoint evaluated on the CPU and on the GPU, then self-critical
-# training, compiled).  Every figure is one JSON line of OUTDIR/figures.jsonl, tagged with the GPU's name;
+# shape, compiled and eager), the evaluation of 5,000 items at COCO size (fp32 and bf16), and the real
+# CLIs on the embedded shapes data (extraction and bf16-mixed training on the GPU, the GPU checkpoint
+# evaluated on the CPU and on the GPU, then self-critical training, compiled), then the extraction
+# with PIL decoding for comparison and the extraction/evaluation targets (gpu_check.py targets).
+# Every figure is one JSON line of OUTDIR/figures.jsonl, tagged with the GPU's name;
 # OUTDIR (default gpu-check/) ends with 7 files: figures.jsonl, summary.json and the logs
 # setup.log, tests.log, bench.log, pipeline.log, compile.log.
 #
@@ -107,7 +109,7 @@ rc=$?
 if ((rc == 3)); then exit 3; fi
 if ((rc != 0)); then echo "error: the device probe failed (rc $rc)" >&2; exit 1; fi
 if ((!DRY_RUN)); then  # a second run starts afresh (training would resume from the last one)
-  rm -rf "$WORK"/{shapes,train-gpu,train-compile,eval-cpu,eval-gpu-fp32,eval-gpu-bf16,hydra,tests.xml}
+  rm -rf "$WORK"/{shapes,train-gpu,train-compile,eval-cpu,eval-gpu-fp32,eval-gpu-bf16,hydra,tests.xml,scale}
   mkdir -p "$WORK"
 fi
 
@@ -122,7 +124,7 @@ fi
 
 # 1. the GPU-only tests (bf16 autocast, decoding on the device, the API, the fused kernels)
 stage tests 150 tests.log "$PY" -m pytest -q -rA -m gpu -p no:cacheprovider --junitxml="$WORK/tests.xml" \
-  tests/test_gpu.py
+  tests/test_gpu.py tests/test_device_decode.py
 [[ -f "$WORK/tests.xml" ]] || ((DRY_RUN)) && stage tests-figures 15 tests.log \
   "$PY" scripts/gpu_check.py tests "$WORK/tests.xml" "$FIG"
 
@@ -142,8 +144,27 @@ stage bench-train-b128 60 bench.log "${BENCH[@]}" train --device cuda --batch-si
 stage bench-extract-images 120 bench.log "${BENCH[@]}" extract-images --device cuda --weights none \
   --output "$FIG"
 
+# 2b. evaluation at COCO size: captioning-evaluate of 5,000 test items (beam 3, BLEU/ROUGE-L/CIDEr-D, a
+#     random-weight decoder of the default size; the 10k-word vocabulary of 10k train items' captions) on a
+#     synthetic 14x14x512 store of 10k train + 5k val + 5k test items, with the decode/score/write split,
+#     in fp32 then bf16 (their captions compared)
+SCALE=("${BENCH[@]}" scale --device cuda --items 10000 --eval-items 5000 --root "$WORK/scale" --disk-write-gb 0.5
+       --eval-metrics bleu,rouge,cider --output "$FIG")
+if stage bench-scale-eval 150 bench.log "${SCALE[@]}" --skip disk,annotations,decoder,loader,memory,ddp,extract; then
+  if stage bench-scale-eval-bf16 60 bench.log "${SCALE[@]}" --eval-precision bf16 \
+       --skip build,disk,annotations,decoder,loader,memory,ddp,extract; then
+    stage compare-scale-bf16 15 bench.log "$PY" scripts/gpu_check.py compare "$WORK/scale/eval/fp32" \
+      "$WORK/scale/eval/bf16" "$FIG" --label scale_fp32_vs_bf16
+  else
+    skip compare-scale-bf16
+  fi
+else
+  skip bench-scale-eval-bf16 compare-scale-bf16
+fi
+
 # 3. the CLIs: shapes -> GPU extraction -> bf16-mixed training -> the GPU checkpoint evaluated on
-#    the CPU (CUDA hidden) and on the GPU in fp32 (captions must be identical) and in bf16 (recorded)
+#    the CPU (CUDA hidden) and on the GPU in fp32 (the default: captions must be identical) and in bf16
+#    (precision=bf16: recorded)
 CKPT="$WORK/train-gpu/checkpoints/last.ckpt"
 if stage generate 60 pipeline.log "$PY" -m captioning.cli.generate dataset=shapes "root=$WORK/shapes" \
      "num_items=$N_IMAGES" "hydra.run.dir=$WORK/hydra/generate" &&
@@ -156,10 +177,9 @@ if stage generate 60 pipeline.log "$PY" -m captioning.cli.generate dataset=shape
     stage eval-cpu 90 pipeline.log env CUDA_VISIBLE_DEVICES= "$PY" -m captioning.cli.evaluate \
       "ckpt_path=$CKPT" trainer=cpu "${EVAL[@]}" "output_dir=$WORK/eval-cpu" "hydra.run.dir=$WORK/hydra/eval-cpu"
     stage eval-gpu-fp32 60 pipeline.log "$PY" -m captioning.cli.evaluate "ckpt_path=$CKPT" trainer=gpu \
-      trainer.precision=32-true "${EVAL[@]}" "output_dir=$WORK/eval-gpu-fp32" \
-      "hydra.run.dir=$WORK/hydra/eval-gpu-fp32"
+      "${EVAL[@]}" "output_dir=$WORK/eval-gpu-fp32" "hydra.run.dir=$WORK/hydra/eval-gpu-fp32"
     stage eval-gpu-bf16 60 pipeline.log "$PY" -m captioning.cli.evaluate "ckpt_path=$CKPT" trainer=gpu \
-      "${EVAL[@]}" "output_dir=$WORK/eval-gpu-bf16" "hydra.run.dir=$WORK/hydra/eval-gpu-bf16"
+      precision=bf16 "${EVAL[@]}" "output_dir=$WORK/eval-gpu-bf16" "hydra.run.dir=$WORK/hydra/eval-gpu-bf16"
     stage compare-fp32 15 pipeline.log "$PY" scripts/gpu_check.py compare "$WORK/eval-cpu" \
       "$WORK/eval-gpu-fp32" "$FIG" --label cpu_vs_gpu_fp32 --identical
     stage compare-bf16 15 pipeline.log "$PY" scripts/gpu_check.py compare "$WORK/eval-cpu" \
@@ -188,6 +208,11 @@ if [[ -f "$CKPT" ]] || ((DRY_RUN)); then
 else
   skip train-scst train-scst-figures
 fi
+
+# 5. the extraction job with PIL decoding in the workers (what nvjpeg replaced), then the issue-41 targets
+stage bench-extract-images-pil 90 bench.log "${BENCH[@]}" extract-images --device cuda --weights none \
+  --jpeg-decoder pil --output "$FIG"
+stage targets 15 bench.log "$PY" scripts/gpu_check.py targets "$FIG"
 
 echo "== $(($(date +%s) - START)) s in all"
 "$PY" scripts/gpu_check.py finish "$FIG" "$OUT/summary.json"

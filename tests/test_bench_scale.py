@@ -90,6 +90,8 @@ def test_evaluation_records(records) -> None:
     steps = {r["name"][len("scale/evaluate/"):] for rs in records.values() for r in rs
              if r["name"].startswith("scale/evaluate/")}
     assert total["eval_items"] == EVAL and total["longest_step"] in steps and "score" != total["longest_step"]
+    decode, write = (records[f"scale/evaluate/{k}"][0]["value"] for k in ("decode", "write"))
+    assert total["write_over_decode"] == pytest.approx(write / decode, abs=0.01) and total["precision"] == "fp32"
     parts = [records[f"scale/evaluate/score/{m}"][0]["value"] for m in ("tokenize", "ngrams", "bleu", "cider")]
     assert sum(parts) == pytest.approx(records["scale/evaluate/score"][0]["value"], abs=0.05)
 

@@ -21,6 +21,8 @@ from conftest import run_cli
 from PIL import Image
 from test_heatmaps import _panel_pixels
 
+from captioning.viz.captions_file import read_captions
+
 IMAGE_SIZE = 128  # EfficientNet-Lite0: stride 32 -> a 4x4 grid
 GRID = (4, 4)
 FRAMES = 6
@@ -124,12 +126,14 @@ def _force_attention(monkeypatch, position: int) -> None:
     """Make every attention distribution (almost exactly) one-hot at ``position``."""
     from captioning.models.attention import AdditiveAttention
 
-    def scores(self, h, keys):
+    def scores(self, h, keys, w=None):
         e = torch.zeros(h.shape[0], keys.shape[1], dtype=h.dtype, device=h.device)
         e[:, position] = 60.0
         return e
 
+    # the step scores from h_{t-1} (scores) or from its query part of the one product (scores_from_query)
     monkeypatch.setattr(AdditiveAttention, "scores", scores)
+    monkeypatch.setattr(AdditiveAttention, "scores_from_query", scores)
 
 
 def _check_entries(entries: list[dict]) -> None:
@@ -141,8 +145,8 @@ def _check_entries(entries: list[dict]) -> None:
         if "error" not in e:
             assert len(e["tokens"]) == len(e["attention"]) >= 1
             assert e["caption"] == " ".join(e["tokens"])
-            for row in e["attention"]:
-                assert sum(row) == pytest.approx(1.0, abs=1e-4)
+            for row in e["attention"]:  # read back from attention.npy: float16, each weight to 2^-11
+                assert sum(row) == pytest.approx(1.0, abs=1e-3)
 
 
 # ------------------------------------------------------------------------------------ inputs
@@ -277,6 +281,31 @@ def test_forced_attention_is_brightest_at_that_region(image_ckpt, tmp_path, monk
         assert (int(y * GRID[0] // ph), int(x * GRID[1] // pw)) == cell
 
 
+def test_captions_file_round_trips_into_the_figures(image_ckpt, tmp_path):
+    """captions.json + attention.npy read back (read_captions) draw the job's figures again, to the
+    float16 rounding of the weights; each word's log-prob (then <eos>'s) sums to the score."""
+    from captioning.caption.api import CaptionResult
+    from captioning.cli.caption import caption
+    from captioning.features.featurize import display_crop
+    from captioning.viz.heatmaps import plot_result
+
+    out = tmp_path / "out"
+    summary = caption(_config(image_ckpt["soft"], image_ckpt["images"][:2], out))
+    back = read_captions(out / "captions.json")
+    assert json.loads((out / "captions.json").read_text())[1]["attention"] == [len(back[0]["tokens"]),
+                                                                              len(back[0]["tokens"]) + len(back[1]["tokens"])]
+    for path, mem, e in zip(image_ckpt["images"][:2], summary.entries, back, strict=True):
+        np.testing.assert_allclose(e["attention"], mem["attention"], rtol=2.0**-11, atol=1e-7)
+        assert len(e["token_log_probs"]) == len(e["tokens"]) + 1  # finished: <eos>'s last
+        assert sum(e["token_log_probs"]) == pytest.approx(e["score"], abs=1e-3)  # no length penalty
+        crop = display_crop(image_ckpt["meta"], path).permute(1, 2, 0).numpy()
+        again = plot_result(CaptionResult(e["input"], "image", tokens=e["tokens"], attention=e["attention"],
+                                          attention_shape=e["attention_shape"], image=crop), tmp_path / "again.png")
+        drawn = np.asarray(Image.open(out / e["figure"]).convert("RGB"), dtype=np.int16)
+        redrawn = np.asarray(Image.open(again).convert("RGB"), dtype=np.int16)
+        assert drawn.shape == redrawn.shape and np.abs(drawn - redrawn).mean() < 0.05, np.abs(drawn - redrawn).mean()
+
+
 @pytest.mark.slow
 def test_hard_attention_marks_the_argmax_location(image_ckpt, tmp_path, monkeypatch):
     from captioning.cli.caption import caption
@@ -316,7 +345,7 @@ def test_cli_corrupt_unsupported_and_missing_inputs(image_ckpt, tmp_path):
                    f"output_dir={out}", "decode.beam_size=2", "decode.max_length=5", "num_workers=0",
                    "device=cpu", check=False)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    entries = json.loads((out / "captions.json").read_text())
+    entries = read_captions(out / "captions.json")
     _check_entries(entries)
     by_input = {Path(e["input"]).name: e for e in entries}
     assert set(by_input) == {p.name for p in image_ckpt["images"][:3]} | {"broken.jpg", "list.csv", "nope.png"}
@@ -461,7 +490,7 @@ def test_cli_video_input_exit_0(video_ckpt, tmp_path):
     proc = run_cli("caption", f"ckpt_path={video_ckpt['ckpt']}", f"inputs=[{video_ckpt['root'] / 'videos'}]",
                    f"output_dir={out}", "decode.beam_size=3", "num_workers=1", "device=auto", check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    entries = json.loads((out / "captions.json").read_text())
+    entries = read_captions(out / "captions.json")
     _check_entries(entries)
     assert len(entries) == len(video_ckpt["videos"])
     for e in entries:

@@ -20,6 +20,7 @@ from captioning.evaluation.job import EvaluateConfig, evaluate
 from captioning.models.decoders import build_decoder
 from captioning.models.ensemble import EnsembleDecoder
 from captioning.models.search import DecodeConfig, beam_search, decode_batch
+from captioning.predictions import read_predictions
 from captioning.store.feature_store import FeatureStore
 from captioning.train.checkpoint import load_captioner, load_ensemble
 
@@ -155,7 +156,7 @@ def test_evaluate_three_checkpoints_writes_the_ensemble_beside_the_first_run(tin
     assert out == tiny["ckpts"][0].resolve().parent.parent / "eval" / "ensemble3-test-beam3"
     report = json.loads((out / "report.json").read_text())
     assert report["meta"]["checkpoint"] == list(map(str, tiny["ckpts"]))
-    preds = json.loads((out / "predictions.json").read_text())
+    preds = read_predictions(out / "predictions.json")
     assert len(preds) == len(tiny["splits"]["test"])
     for p in preds:  # the members' mean attention: still a distribution over the 4 regions
         assert all(abs(sum(row) - 1) < 1e-3 for row in p["attention"])

@@ -27,9 +27,10 @@ import gpu_check  # noqa: E402  (scripts/ is no package)
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 STAGES = [
     "setup", "tests", "tests-figures", "bench-train", "bench-train-fp32", "bench-train-cli", "bench-train-cli-eager",
-    "bench-beam", "bench-train-b128", "bench-extract-images",
-    "generate", "extract", "train-gpu", "train-gpu-figures", "eval-cpu", "eval-gpu-fp32", "eval-gpu-bf16",
-    "compare-fp32", "compare-bf16", "train-scst", "train-scst-figures",
+    "bench-beam", "bench-train-b128", "bench-extract-images", "bench-scale-eval", "bench-scale-eval-bf16",
+    "compare-scale-bf16", "generate", "extract", "train-gpu", "train-gpu-figures", "eval-cpu", "eval-gpu-fp32",
+    "eval-gpu-bf16", "compare-fp32", "compare-bf16", "train-scst", "train-scst-figures",
+    "bench-extract-images-pil", "targets",
 ]
 HYDRA_JOBS = {"generate", "extract", "train", "evaluate", "caption", "score"}
 
@@ -206,6 +207,24 @@ def test_compare_requires_identical_captions_and_metrics(tmp_path) -> None:
     assert a["verdict"] == "identical" and a["value"] == 1.0 and a["distinct_captions"] == 2
     assert b["verdict"] == "differ" and b["value"] == 0.5 and b["metric_abs_diff"]["CIDEr"] == 0.25
     assert c["required"] == "recorded" and c["same_captions"] == 1
+
+
+def test_targets_met_missed_or_not_measured(tmp_path) -> None:
+    fig = tmp_path / "f.jsonl"
+    gpu_check.append(fig, {"name": "extract_images/ratio", "unit": "x", "value": 0.4, "device": "cuda",
+                           "jpeg_decoder": "PIL"},  # not the nvjpeg run: not selected
+                     {"name": "extract_images/ratio", "unit": "x", "value": 0.86, "device": "cuda",
+                      "jpeg_decoder": "nvjpeg (baseline JPEGs), PIL (other files)"},
+                     {"name": "scale/evaluate/total", "unit": "s", "value": 7.5, "device": "cuda", "precision": "fp32",
+                      "write_over_decode": 0.25},
+                     {"name": "scale/evaluate/total", "unit": "s", "value": 5.0, "device": "cuda", "precision": "bf16"})
+    assert gpu_check.main(["targets", str(fig)]) == 1
+    got = {r["name"].rsplit("/", 1)[1]: r for r in map(json.loads, fig.read_text().splitlines())
+           if r["name"].startswith("gpu_check/target/")}
+    assert {k: (r["value"], r["verdict"]) for k, r in got.items()} == {
+        "extraction_over_forward": (0.86, "met"), "evaluate_5k_seconds": (7.5, "met"),
+        "evaluate_write_over_decode": (0.25, "missed"), "gpu_fp32_captions_equal_cpu": (None, "not measured")}
+    assert got["evaluate_5k_seconds"]["limit"] == "<= 10.0"
 
 
 def _run(folder: Path, losses: list[str], step: int = 20) -> Path:

@@ -15,6 +15,7 @@ from conftest import run_cli
 from PIL import Image
 
 from captioning.store.feature_store import FeatureStore
+from captioning.viz.captions_file import read_captions
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +92,7 @@ def test_bottom_up_store_trains_evaluates_and_captions_with_box_heatmaps(tmp_pat
     out = tmp_path / "captions"
     run_cli("caption", f"ckpt_path={ckpt}", "store_split=test", f"output_dir={out}", "device=cpu",
             "progress=false")
-    entries = json.loads((out / "captions.json").read_text())
+    entries = read_captions(out / "captions.json")
     assert len(entries) == 6 and all("error" not in e for e in entries)
     for e in entries:
         n = counts[Path(e["input"]).stem.lstrip("0")]

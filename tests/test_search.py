@@ -489,3 +489,55 @@ def test_diverse_beam_search_config_errors() -> None:
     with pytest.raises(ConfigError, match="strategy=beam"):
         DecodeConfig(strategy="sample", beam_size=2, groups=2).validate()
     DecodeConfig(beam_size=6, groups=3, n_best=6).validate()
+
+
+# ------------------------------------------------------------------------- per-word log-probs
+
+
+def _toy_word_log_probs(item: int, h, allowed: list[int] | None = None) -> list[float]:
+    """log p of each word of ``h`` then of its <eos> (when finished), by hand from ``toy_log_probs``;
+    ``allowed``: renormalised over those tokens (the distribution sampling draws from)."""
+    words = h.tokens + ([EOS] if h.finished else [])
+    out = []
+    for t, w in enumerate(words):
+        lp = toy_log_probs(item, h.tokens[:t])
+        if allowed is not None:
+            ok = [EOS] if t == 5 else [v for v in allowed if v != EOS or t >= 1]
+            out.append(lp[w] - math.log(sum(math.exp(lp[v]) for v in ok)))
+        else:
+            out.append(lp[w])
+    return out
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_beam_search_token_log_probs_are_each_words_log_prob(groups: int) -> None:
+    """One per word, then <eos>'s; the model's log-probs, diversity penalties left out; summing to log_prob."""
+    items = [0, 3, 4]
+    features = torch.tensor(items, dtype=torch.float32).view(-1, 1, 1).expand(-1, 2, 3).contiguous()
+    cfg = DecodeConfig(beam_size=4, groups=groups, diversity_strength=0.8, max_length=5, length_penalty="gnmt",
+                       n_best=2)
+    got = grouped_beam_search(ToyDecoder(), features, None, cfg, BOS, EOS, UNK)
+    for item, per_group in zip(items, got, strict=True):
+        for h in (h for hyps in per_group for h in hyps):  # every group's, penalised ones included
+            assert len(h.token_log_probs) == len(h.tokens) + h.finished
+            assert h.token_log_probs == pytest.approx(_toy_word_log_probs(item, h), abs=1e-6)
+            assert sum(h.token_log_probs) == pytest.approx(h.log_prob, abs=1e-5)
+    # an unfinished hypothesis (no <eos> allowed): its words only
+    (h,) = beam_search(ToyDecoder(), features[:1], None, DecodeConfig(beam_size=2, max_length=3, min_length=4),
+                       BOS, EOS, UNK)[0]
+    assert not h.finished and h.token_log_probs == pytest.approx(_toy_word_log_probs(0, h), abs=1e-6)
+
+
+def test_greedy_and_sampled_token_log_probs() -> None:
+    items = [1, 2, 4]
+    features = torch.tensor(items, dtype=torch.float32).view(-1, 1, 1).expand(-1, 2, 3).contiguous()
+    for item, h in zip(items, greedy_decode(ToyDecoder(), features, None, 5, BOS, EOS, unk=UNK, min_length=1),
+                       strict=True):
+        assert len(h.token_log_probs) == len(h.tokens) + h.finished
+        assert h.token_log_probs == pytest.approx(_toy_word_log_probs(item, h), abs=1e-6)
+    cfg = DecodeConfig(strategy="sample", num_samples=3, max_length=5, seed=1)
+    for item, hyps in zip(items, decode_batch(ToyDecoder(), features, None, cfg, BOS, EOS, UNK), strict=True):
+        for h in hyps:  # the distribution drawn from: <bos>, <pad>, <unk> banned, renormalised
+            assert h.token_log_probs == pytest.approx(_toy_word_log_probs(item, h, allowed=[EOS, *TOY_WORDS]),
+                                                      abs=1e-5)
+            assert sum(h.token_log_probs) == pytest.approx(h.log_prob, abs=1e-5)

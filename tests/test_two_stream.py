@@ -19,6 +19,7 @@ from captioning.errors import DataError
 from captioning.features.backbones import EncoderConfig
 from captioning.features.encoders import build_encoder
 from captioning.features.extract import run_extraction
+from captioning.predictions import read_predictions
 from captioning.train.job import TrainConfig, train
 
 FRAMES = 4
@@ -90,7 +91,7 @@ def test_temporal_model_trains_evaluates_and_captions_on_two_streams(streams, tm
     out = tmp_path / "eval"
     run_cli("evaluate", f"ckpt_path={ckpt}", "split=test", "decode=greedy", f"output_dir={out}", "metrics=[bleu]",
             "num_workers=0", "grounding=false", "trainer.enable_progress_bar=false", f"hydra.run.dir={out}/hydra")
-    predictions = json.loads((out / "predictions.json").read_text())
+    predictions = read_predictions(out / "predictions.json")
     assert len(predictions) == 3 and all(len(p["attention"][0]) == FRAMES for p in predictions if p["tokens"])
 
     # raw videos: both encoders rebuilt from the checkpoint, their features joined as the stores are

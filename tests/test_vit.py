@@ -6,7 +6,6 @@ weights (``encoder.weights=none``): nothing is downloaded."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from captioning.errors import ConfigError
 from captioning.features.backbones import EncoderConfig, build_backbone, stages
 from captioning.features.backbones.timm_models import patch_grid, tokens_to_grid
 from captioning.train.finetune import unfreeze_last
+from captioning.viz.captions_file import read_captions
 
 VIT = "timm:vit_small_patch16_224"  # 12 blocks, 384 channels, patch 16, one class token
 CLIP = "timm:vit_base_patch16_clip_224"  # OpenAI CLIP's image tower: 12 blocks, 768 channels, patch 16
@@ -183,11 +183,11 @@ def test_vit_extract_train_caption_with_patch_heatmaps(tmp_path: Path) -> None:
     run_cli("caption", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"inputs=[{images[0]},{images[1]}]",
             f"output_dir={out}", "device=cpu", "num_workers=0", "decode.beam_size=2", "decode.max_length=6",
             "progress=false", f"hydra.run.dir={tmp_path / 'hydra_caption'}")
-    entries = json.loads((out / "captions.json").read_text())
+    entries = read_captions(out / "captions.json")
     assert len(entries) == 2 and all("error" not in e for e in entries), entries
     for e in entries:
         assert e["attention_shape"] == [4, 4] and len(e["tokens"]) >= 1
-        assert all(len(row) == 16 and sum(row) == pytest.approx(1.0, abs=1e-4) for row in e["attention"])
+        assert all(len(row) == 16 and sum(row) == pytest.approx(1.0, abs=1e-3) for row in e["attention"])
     assert len(list((out / "figures").glob("*.png"))) == 2
 
     tuned = tmp_path / "finetune"

@@ -45,6 +45,7 @@ from captioning.features.featurize import (
     featurize_streams,
     rebuild_backbones,
 )
+from captioning.models.decoding import decoding_autocast
 from captioning.models.search import DecodeConfig, decode_batch
 from captioning.store.streams import open_features, stream_metas
 from captioning.train.checkpoint import check_compatible, load_captioner, load_ensemble
@@ -79,6 +80,7 @@ class CaptionResult:
     attention_shape: list[int] = field(default_factory=list)
     frame_indices: list[int] | None = None
     score: float | None = None  # the beam's ranking score (summed log-probs, length-normalised if set)
+    token_log_probs: list[float] = field(default_factory=list)  # each word's log-prob, then <eos>'s
     nbest: list[tuple[str, float]] = field(default_factory=list)  # (caption, score), best first, when decode
     # asks for several (n_best > 1, diverse groups, num_samples > 1); empty otherwise
     has_attention: bool = True
@@ -96,7 +98,6 @@ class CaptionResult:
     def figure(self, path: str | Path, **kwargs: Any) -> Path:
         """Save this caption's attention figure (PNG, or JPEG/PDF/SVG by the path's suffix;
         ``captioning.viz.heatmaps.plot_result``)."""
-
         return plot_result(self, path, **kwargs)
 
 
@@ -147,8 +148,11 @@ class Captioner:
     pooled video features); ``feature_meta``: what its FeatureStore recorded.
     """
 
-    def __init__(self, module: Any, *, device: str | torch.device = "auto", source: str | Path = "<model>") -> None:
+    def __init__(self, module: Any, *, device: str | torch.device = "auto", source: str | Path = "<model>",
+                 precision: str = "fp32") -> None:
         self.device = resolve_device(device)
+        decoding_autocast(self.device, precision)  # a bad name fails here
+        self.precision = precision  # the decoding's arithmetic (models.decoding.PRECISIONS)
         self.module = module.to(self.device).eval()
         self.source = str(source)
         self.feature_meta: dict[str, Any] = dict(module.hparams["feature_meta"])
@@ -167,18 +171,17 @@ class Captioner:
         self._encoders: list[Any] | None = None
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | torch.device = "auto"
-                        ) -> Captioner:
-        """Load a ``captioning-train`` checkpoint (safe loading) onto ``device`` (auto | cpu | cuda[:i]).
+    def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | torch.device = "auto",
+                        precision: str = "fp32") -> Captioner:
+        """Load a ``captioning-train`` checkpoint (safe loading) onto ``device`` (auto | cpu | cuda[:i]); decode
+        in ``precision`` (fp32, or bf16 / fp16 autocast: faster on a GPU, captions can differ).
 
         A list of checkpoints: their test-time ensemble (``captioning.models.ensemble``: the mean of
         their word distributions; the attention of results and figures is the mean of theirs)."""
-
-        device = resolve_device(device)
-        if isinstance(path, (str, Path)):
-            return cls(load_captioner(path), device=device, source=path)
-        paths = [str(p) for p in path]
-        return cls(load_ensemble(paths), device=device, source=" + ".join(paths))
+        one = isinstance(path, (str, Path))
+        paths = [str(path)] if one else [str(p) for p in path]  # type: ignore[union-attr]
+        model = load_captioner(paths[0]) if one else load_ensemble(paths)
+        return cls(model, device=resolve_device(device), source=" + ".join(paths), precision=precision)
 
     @property
     def vocab(self) -> Any:
@@ -202,7 +205,6 @@ class Captioner:
         max_items: caption at most this many media files; num_workers: DataLoader processes
         decoding the media; decode / options: ``DecodeConfig`` and field overrides.
         """
-
         cfg = beam_config(decode, **options)
         if isinstance(inputs, (str, Path)):
             inputs = [inputs]
@@ -224,7 +226,6 @@ class Captioner:
                    **options: Any) -> Iterator[CaptionResult]:
         """The stored features the model was trained/evaluated on, in the split's order; the media
         files (from the checkpoint's data config) are read only for the figures."""
-
         cfg = beam_config(decode, **options)
         hp = self.module.hparams
         data_cfg = checkpoint_data_config(hp["config"])
@@ -261,7 +262,6 @@ class Captioner:
         ``features[b]``); boxes / image_sizes: per item of a region model, the [>= valid, 4] pixel
         boxes of its regions and (W, H) of its image, for the figures.
         """
-
         cfg = beam_config(decode, **options)
         x = [torch.as_tensor(np.asarray(f)) for f in features]
         dim = int(self.feature_meta["dim"])
@@ -317,7 +317,6 @@ class Captioner:
     def _raw_batches(self, todo: list[tuple[str, str]], batch_size: int, num_workers: int
                      ) -> Iterator[list[tuple[int, Any]]]:
         """(index, Featurized) of the media files ``todo`` ((index, path) pairs), per batch."""
-
         for batch in featurize_streams(self.encoders(), self.feature_meta, todo, batch_size=batch_size,
                                        num_workers=num_workers, device=self.device):
             yield [(int(f.item_id), f) for f in batch]
@@ -381,10 +380,9 @@ class Captioner:
         n = x.shape[1]
         mask = torch.arange(n)[None, :] < torch.tensor([int(f.valid) for f in feats])[:, None]
         v = self.module.vocab
-        with torch.no_grad():
+        with torch.no_grad(), decoding_autocast(self.device, self.precision):
             nbest = decode_batch(self.module.decoder, x, mask.to(self.device), cfg, v.bos, v.eos, v.unk)
-        itos = v.itos
-        out = []
+        itos, out = v.itos, []
         for hyps, f in zip(nbest, feats, strict=True):
             h = hyps[0]
             tokens = [itos[t] for t in h.tokens]
@@ -394,6 +392,7 @@ class Captioner:
             else:
                 att = h.attention[: len(tokens)].float().cpu().numpy().astype(np.float64)
             r = CaptionResult(f.item_id, self.kind, caption=" ".join(tokens), tokens=tokens, score=float(h.score),
+                              token_log_probs=list(h.token_log_probs),
                               has_attention=h.attention is not None, hard_attention=self.hard_attention,
                               nbest=[(" ".join(itos[t] for t in x.tokens), float(x.score)) for x in hyps]
                               if len(hyps) > 1 else [])

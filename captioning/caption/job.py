@@ -12,7 +12,8 @@ was trained/evaluated on from its FeatureStore and the media files (for the figu
 data config.
 
 Writes into ``output_dir`` (``captioning.viz.gallery.write_gallery``): ``captions.json`` (one
-entry per input, ``"error"`` for the inputs that failed), ``figures/<NNNN>_<name>.png`` (images:
+entry per input, ``"error"`` for the inputs that failed; each word's log-prob, and the rows of
+``attention.npy`` that hold its attention: ``captioning.viz.captions_file``), ``figures/<NNNN>_<name>.png`` (images:
 the crop the model saw, then one heatmap panel per word; videos: a frame strip above the words x
 frames alignment; hard-attention models mark the argmax location) and ``index.html``; with
 ``viewer=true`` also ``viewer/index.html``, the interactive attention viewer (``captioning.viz.viewer``).
@@ -35,6 +36,7 @@ from omegaconf import MISSING
 from captioning.caption.api import Captioner
 from captioning.errors import ConfigError
 from captioning.models.search import DecodeConfig
+from captioning.predictions import ATTENTION_FILE
 from captioning.provenance import provenance, write_provenance
 from captioning.store.layout import store_id
 from captioning.viz.gallery import write_gallery
@@ -49,6 +51,7 @@ class CaptionConfig:
     output_dir: str = "outputs/captions"
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:<i>
+    precision: str = "fp32"  # fp32 | bf16 | fp16: the decoding's arithmetic (autocast; captions can differ)
     batch_size: int = 16
     num_workers: int = 2  # DataLoader processes decoding the media files
     store_split: str | None = None  # caption a split from the checkpoint's FeatureStore instead of inputs
@@ -78,7 +81,7 @@ def caption(cfg: CaptionConfig) -> CaptionSummary:
                           "(or store_split=<split> to caption stored features)")
     if cfg.store_split is not None and cfg.inputs:
         raise ConfigError("pass either inputs=[...] (raw media) or store_split=<split> (stored features), not both")
-    captioner = Captioner.from_checkpoint(cfg.ckpt_path, device=cfg.device)
+    captioner = Captioner.from_checkpoint(cfg.ckpt_path, device=cfg.device, precision=cfg.precision)
     out = Path(cfg.output_dir)
     options = {"max_items": cfg.max_items, "batch_size": cfg.batch_size, "progress": cfg.progress,
                "decode": cfg.decode}
@@ -89,8 +92,9 @@ def caption(cfg: CaptionConfig) -> CaptionSummary:
     viewer = ResultsViewer(out, cfg.viewer, captioner, title) if cfg.viewer.wanted else None
     entries = write_gallery(results if viewer is None else viewer.tap(results), out, title=title)
     viewer_path = None if viewer is None else viewer.close()
-    write_provenance(out, provenance(store=store_id(captioner.feature_meta),
-                                     checkpoints=captioner.module.checkpoint_runs), ("captions.json",))
+    write_provenance(out, provenance(store=store_id(captioner.feature_meta), checkpoints=captioner.module.checkpoint_runs,
+                                     precision=cfg.precision),
+                     ("captions.json",) + ((ATTENTION_FILE,) if (out / ATTENTION_FILE).is_file() else ()))
     failed = [e for e in entries if "error" in e]
     for e in failed:
         print(f"failed: {e['input']}: {e['error']}", file=sys.stderr, flush=True)

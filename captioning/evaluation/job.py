@@ -2,8 +2,11 @@
 
 ``evaluate(EvaluateConfig)`` writes into ``output_dir`` (default ``<run>/eval/<split>-beam<k>``):
 ``results.json`` (COCO results format; ``video_id`` for video), ``metrics.json`` (toolkit key
-names), ``predictions.json`` + ``attention.npy`` (tokens, per-token attention), and ``report.md``/``report.json``
-with metrics by reference length (plot), vocabulary usage and, on the synthetic data, grounding.
+names), ``predictions.json`` + ``attention.npy`` (tokens, each word's log-prob, per-token attention:
+``captioning.predictions``), and ``report.md``/``report.json`` with metrics by reference length (plot),
+vocabulary usage and, on the synthetic data, grounding.  Decoding is fp32 unless ``precision=bf16``
+(or ``fp16``) asks for autocast, whatever ``trainer.precision`` says: a reported number must not move
+with a card's autocast; the precision is recorded in ``report.json`` and ``provenance.json``.
 Under DDP every rank decodes a shard (Lightning ``predict``) and rank 0 writes one results file.
 ``ckpt_path=[a,b,c]`` decodes with the checkpoints' test-time ensemble (``captioning.models.ensemble``;
 default folder ``<first run>/eval/ensemble<M>-<split>-beam<k>``); ``server=coco`` also writes the
@@ -25,7 +28,8 @@ from omegaconf import MISSING
 from torch.utils.data import DataLoader
 
 from captioning.config import TrainerConfig, checkpoint_data_config
-from captioning.data.annotations import read_dataset
+from captioning.data.annotations import SPLITS
+from captioning.data.caption_table import caption_table
 from captioning.data.datamodule import CaptionEvalDataset, FeatureItems, collate
 from captioning.errors import ConfigError, DataError
 from captioning.evaluation.grounding import evaluate_grounding
@@ -54,7 +58,17 @@ from captioning.train.module import gather_objects
 from captioning.utils.io import atomic_write_json, read_json
 from captioning.viz.viewer import ViewerConfig
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
+
 log = logging.getLogger("captioning.evaluate")
+
+#: ``precision`` -> the Lightning precision the evaluation's Trainer decodes with
+PRECISIONS = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+LOW_PRECISION_NOTE = ("decoded with {p} autocast: captions and metrics can differ from fp32 decoding (the default, "
+                      "which reported numbers use); evaluate with precision=fp32 for numbers to compare")
 
 
 @dataclass
@@ -67,8 +81,9 @@ class EvaluateConfig:
     data_root: str | None = None  # default: the checkpoint's data.root (move a dataset without retraining)
     output_dir: str | None = None  # default: <run>/eval/<split>-beam<k>
     metrics: list[str] = field(default_factory=default_metrics)  # registered names (captioning.metrics)
-    batch_size: int = 64
+    batch_size: int | None = None  # items decoded together; default 64 on a CPU, 500 on a GPU (launch-bound)
     num_workers: int = 2
+    precision: str = "fp32"  # fp32 | bf16 | fp16: the decoding's arithmetic (trainer.precision is not used)
     grounding: bool = True
     max_items: int | None = None
     server: str | None = None  # coco: also write the evaluation server's file (captioning.evaluation.server)
@@ -91,17 +106,28 @@ def run_name(paths: list[str]) -> str:
     return name if len(paths) == 1 else f"{name}-ensemble{len(paths)}"
 
 
+def cpu_time() -> float:
+    """CPU seconds of this process (all threads) and of its children that have ended (DataLoader
+    workers, METEOR's Java)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN) if resource is not None else None
+    return time.process_time() + (children.ru_utime + children.ru_stime if children is not None else 0.0)
+
+
 class Laps:
-    """Seconds per step of a job (``lap(step)`` closes the step that started at the last lap)."""
+    """Seconds per step of a job (``lap(step)`` closes the step that started at the last lap): wall
+    ``seconds`` and ``cpu_seconds`` (``cpu_time``: on a shared machine the CPU time is what the step
+    cost, the wall time what it waited too)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
-        self._clock = time.perf_counter()
+        self.cpu_seconds: dict[str, float] = {}
+        self._clock, self._cpu = time.perf_counter(), cpu_time()
 
     def lap(self, step: str) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), cpu_time()
         self.seconds[step] = self.seconds.get(step, 0.0) + now - self._clock
-        self._clock = now
+        self.cpu_seconds[step] = self.cpu_seconds.get(step, 0.0) + cpu - self._cpu
+        self._clock, self._cpu = now, cpu
 
 
 @dataclass
@@ -156,9 +182,11 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     laps.lap("write")  # results, metrics, predictions (with attention) files
     structure, grounding = ground(cfg, decoded)
     meta = {"checkpoint": decoded.paths[0] if len(decoded.paths) == 1 else decoded.paths, "split": cfg.split,
-            "items": len(decoded.order), "decode": vars(cfg.decode), "data": decoded.data_cfg.name,
-            "model": run_tag(decoded.train_cfg["model"]), "bleu_stats": getattr(result, "bleu_stats", None),
-            "provenance": evaluation_provenance(decoded)}
+            "items": len(decoded.order), "decode": vars(cfg.decode), "precision": cfg.precision,
+            **({"precision_note": LOW_PRECISION_NOTE.format(p=cfg.precision)} if cfg.precision != "fp32" else {}),
+            "data": decoded.data_cfg.name, "model": run_tag(decoded.train_cfg["model"]),
+            "bleu_stats": getattr(result, "bleu_stats", None),
+            "provenance": evaluation_provenance(decoded, precision=cfg.precision)}
     write_report(out, scores, metrics_by_length(refs, hyps), vocabulary_usage(hyps, refs, len(decoded.model.vocab)),
                  grounding, meta, structure=structure)
     files = ("results.json", "metrics.json", "predictions.json") + ((ATTENTION_FILE,) if (out / ATTENTION_FILE).is_file() else ())
@@ -173,8 +201,12 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     print_table(scores, grounding, out, structure)
     if viewer is not None:
         print(f"attention viewer: {viewer} (open it in a browser)", flush=True)
+    if cfg.precision != "fp32":
+        log.warning(LOW_PRECISION_NOTE.format(p=cfg.precision))
     return {"output_dir": str(out), "metrics": scores, "grounding": grounding, "structure": structure,
-            "items": len(decoded.order), "seconds": {k: round(v, 3) for k, v in laps.seconds.items()}}
+            "items": len(decoded.order), "precision": cfg.precision,
+            "seconds": {k: round(v, 3) for k, v in laps.seconds.items()},
+            "cpu_seconds": {k: round(v, 3) for k, v in laps.cpu_seconds.items()}}
 
 
 def decode_split(cfg: EvaluateConfig, laps: Laps) -> Decoded | None:
@@ -192,17 +224,12 @@ def decode_split(cfg: EvaluateConfig, laps: Laps) -> Decoded | None:
     store = open_features(features_dir)  # one store, or several streams joined
     check_compatible(hp, hp["vocab"], dict(store.meta), paths[0])  # the other members: as the first
     model.decode_cfg = cfg.decode
-    dataset = read_dataset(data_cfg)
-    records = dataset.split(cfg.split)
-    if not records:
-        raise ConfigError(f"split={cfg.split!r} has no items in data '{data_cfg.name}': use train, val or test")
-    check_image_set(cfg.server, dataset.records, cfg.split)  # a file the server would not take: before decoding
-    items = FeatureItems(records[: cfg.max_items] if cfg.max_items else records, store)
-    loader = DataLoader(CaptionEvalDataset(items), batch_size=cfg.batch_size, shuffle=False,
-                        num_workers=cfg.num_workers, collate_fn=collate)
+    items = split_items(cfg, data_cfg, store)
     trainer = pl.Trainer(**cfg.trainer.kwargs(logger=False, callbacks=[], enable_checkpointing=False,
-                                              enable_model_summary=False))
-    laps.lap("setup")  # checkpoint, store, annotations, references tokenized
+                                              enable_model_summary=False, precision=decoding_precision(cfg)))
+    loader = DataLoader(CaptionEvalDataset(items), batch_size=decode_batch_size(cfg, trainer), shuffle=False,
+                        num_workers=cfg.num_workers, collate_fn=collate)
+    laps.lap("setup")  # checkpoint, store, annotations (the caption table), Trainer
     outputs = trainer.predict(model, loader) or []
     predictions: dict[int, dict] = {}
     for part in gather_objects([p for batch in outputs for p in batch]):
@@ -211,6 +238,43 @@ def decode_split(cfg: EvaluateConfig, laps: Laps) -> Decoded | None:
     if not trainer.is_global_zero:
         return None
     return Decoded(items, predictions, sorted(predictions), store, data_cfg, train_cfg, model, paths)
+
+
+def split_items(cfg: EvaluateConfig, data_cfg: Any, store: Any) -> FeatureItems:
+    """The split's items with features, from the dataset's caption table (built once per annotation
+    file, as training reads it: no JSON parse per evaluation); the first ``max_items`` if set."""
+    if cfg.split not in SPLITS:
+        raise ConfigError(f"split={cfg.split!r} is not a split: use train, val or test")
+    table = caption_table(data_cfg)
+    rows = table.rows(cfg.split)
+    if not len(rows):
+        raise ConfigError(f"split={cfg.split!r} has no items in data '{data_cfg.name}': use train, val or test")
+    if cfg.server is not None:  # a file the server would not take: before decoding
+        check_image_set(cfg.server, [table.record(r) for r in table.rows().tolist()], cfg.split)
+    if cfg.max_items:
+        return FeatureItems([table.record(r) for r in rows[: cfg.max_items].tolist()], store)
+    return FeatureItems(table, store, cfg.split)
+
+
+def decoding_precision(cfg: EvaluateConfig) -> str:
+    """The Lightning precision of ``cfg.precision`` (fp32 unless asked: reported metrics must not move
+    with a card's autocast); a mixed ``trainer.precision`` (e.g. ``trainer=gpu``'s) is not used."""
+    if cfg.precision not in PRECISIONS:
+        raise ConfigError(f"precision={cfg.precision!r}: use fp32 (the default), bf16 or fp16")
+    if cfg.trainer.precision not in ("32-true", "32", PRECISIONS[cfg.precision]):
+        log.info("decoding in precision=%s (trainer.precision=%s is for training; set precision=bf16 to decode "
+                 "in bf16)", cfg.precision, cfg.trainer.precision)
+    return PRECISIONS[cfg.precision]
+
+
+def decode_batch_size(cfg: EvaluateConfig, trainer: pl.Trainer) -> int:
+    """``batch_size``, or by default 64 items on a CPU and 500 on a GPU, where a decoding step of 64
+    items costs little more than its kernel launches."""
+    if cfg.batch_size is not None:
+        if cfg.batch_size < 1:
+            raise ConfigError(f"batch_size={cfg.batch_size}: use a positive number of items (or null: automatic)")
+        return cfg.batch_size
+    return 500 if trainer.strategy.root_device.type == "cuda" else 64
 
 
 def output_folder(cfg: EvaluateConfig, paths: list[str]) -> Path:
@@ -238,7 +302,8 @@ def write_results(cfg: EvaluateConfig, d: Decoded, out: Path, scores: dict[str, 
     atomic_write_json(out / "results.json", [{d.id_key: d.source_id(i), "caption": hyps[i]} for i in d.order])
     atomic_write_json(out / "metrics.json", scores)
     write_predictions(out, [{d.id_key: d.source_id(i), "caption": hyps[i], "tokens": d.predictions[i]["tokens"],
-                             "score": d.predictions[i]["score"]} for i in d.order],
+                             "score": d.predictions[i]["score"],
+                             "token_log_probs": d.predictions[i]["token_log_probs"]} for i in d.order],
                       [d.predictions[i]["attention"] for i in d.order])
     if cfg.decode.per_item > 1:  # every hypothesis of each item, best first (n-best / n samples)
         atomic_write_json(out / "nbest.json", [
@@ -294,11 +359,12 @@ def ground(cfg: EvaluateConfig, d: Decoded) -> tuple[dict | None, dict | None]:
     return structure, grounding
 
 
-def evaluation_provenance(d: Decoded) -> dict[str, Any]:
-    """Where the numbers came from: the checkpoints' runs (fingerprints), the store, the code."""
+def evaluation_provenance(d: Decoded, **extra: Any) -> dict[str, Any]:
+    """Where the numbers came from: the checkpoints' runs (fingerprints), the store, the code, ``extra``
+    (the decoding's precision)."""
     runs = d.model.checkpoint_runs
     return provenance(store=store_id(d.store.meta), run=runs[0]["fingerprint"] if len(runs) == 1 else None,
-                      checkpoints=runs)
+                      checkpoints=runs, **extra)
 
 
 def print_table(scores: dict, grounding: dict | None, out: Path, structure: dict | None = None) -> None:

@@ -2,11 +2,11 @@
 
 Pieces (each usable on its own; ``captioning-extract`` wires them together):
 
-- ``MediaDataset``: (item_id, path) pairs decoded in DataLoader workers.  Images: ``load_image`` +
-  resize/crop (uint8); videos: ``video_info`` + ``sample_frame_indices`` + ``read_frames`` + the same
-  per-frame resize/crop.  3-D (clip) encoders: the union of the frames of the K clips centred on
-  the sampled frames, decoded and resized once (``captioning.features.clips``).  A bad file never
-  raises in a worker: it comes back as a failure value.
+- ``MediaDataset`` (``captioning.features.media_dataset``): (item_id, path) pairs decoded in
+  DataLoader workers (one worker per available core by default); a bad file never raises in a
+  worker: it comes back as a failure value.  On a GPU the workers pass JPEGs on as their bytes and
+  nvjpeg decodes and resizes them on the device (``captioning.features.device_decode``;
+  ``jpeg_decoder``).
 - ``FeatureExtractor(LightningModule)``: normalises on the device and runs the frozen backbone in
   inference mode (precision from the Trainer).  Images -> [h*w, C]; videos -> per-frame pooled
   [K, C] or per-frame grids [K*h*w, C] (frame-major); clip encoders: one clip per sampled frame,
@@ -28,63 +28,34 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import BasePredictionWriter, ProgressBar
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from captioning.data.media import load_image
-from captioning.data.video import read_frames, resolve_backend, sample_frame_indices, video_info
+from captioning.data.video import resolve_backend
 from captioning.errors import ConfigError, DataError, StorageError
-from captioning.features.backbones import Backbone, EncoderConfig, Preprocessing
-from captioning.features.clips import clip_frame_indices, clip_union
-from captioning.features.encoders import is_clip_encoder
+from captioning.features.backbones import Backbone, Preprocessing
+from captioning.features.device_decode import decode_on_device, resolve_jpeg_decoder
+from captioning.features.media_dataset import MediaDataset, MediaItem, VideoSampling, collate_media
 from captioning.store.feature_store import FeatureStore
 from captioning.store.layout import settings_diff
 from captioning.store.writer import FeatureStoreWriter
 from captioning.utils.io import read_json
 
+__all__ = ["ExtractSummary", "FeatureExtractor", "MediaDataset", "MediaItem", "StoreWriter", "VideoSampling",
+           "collate_media", "default_workers", "run_extraction", "store_meta", "unique_items"]
+
 log = logging.getLogger("captioning.extract")
 
 STORE_DTYPES = ("float16", "float32")
-
-
-@dataclass(frozen=True)
-class MediaItem:
-    """One file to extract: ``path`` is absolute (or relative to the working directory)."""
-
-    item_id: str
-    path: str
-
-
-@dataclass(frozen=True)
-class VideoSampling:
-    """How frames are picked from a video (picklable; used in workers).
-
-    ``clip_length``: None for 2-D encoders (one frame per position); for 3-D encoders the clip
-    of ``clip_length`` frames every ``clip_stride`` frames centred on each sampled frame.
-    """
-
-    frames: int = 28
-    strategy: str = "uniform"
-    target_fps: float | None = None
-    short: str = "repeat"
-    backend: str = "auto"
-    clip_length: int | None = None
-    clip_stride: int = 1
-
-    @classmethod
-    def from_encoder(cls, cfg: EncoderConfig) -> VideoSampling:
-        clip = (cfg.clip_length, cfg.clip_stride) if is_clip_encoder(cfg.name) else (None, 1)
-        return cls(cfg.frames, cfg.frame_strategy, cfg.target_fps, cfg.short_video, cfg.video_backend, *clip)
 
 
 @dataclass
@@ -107,133 +78,6 @@ class ExtractSummary:
         d = asdict(self)
         d["items_per_second"] = round(self.items_per_second, 2)
         return d
-
-
-def _error_text(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {msg}"[:500]
-
-
-# ------------------------------------------------------------------------------------ dataset
-
-
-class MediaDataset(Dataset):
-    """Decodes one image or video per index into uint8 pixels; failures are returned, never raised.
-
-    ``__getitem__`` -> dict ``id``, ``path``, ``pixels`` (uint8 [3,S,S] image or [K,3,S,S] frames,
-    None on failure), ``valid`` (videos: real frames), ``frame_indices`` (videos), ``error`` (str|None);
-    clip encoders also ``clip_frames`` (uint8 [U,3,S,S], the union of the clips' frames) and
-    ``clip_index`` (long [K',L] positions in it, one row per real sampled frame); ``pixels`` are then
-    the sampled (centre) frames.
-    """
-
-    def __init__(self, items: Sequence[MediaItem], kind: str, preprocessing: Preprocessing,
-                 video: VideoSampling | None = None) -> None:
-        if kind not in ("image", "video"):
-            raise ConfigError(f"data.kind={kind!r} is not valid: use image | video")
-        self.items = list(items)
-        self.kind = kind
-        self.pre = preprocessing
-        self.video = video or VideoSampling()
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        item = self.items[index]
-        out: dict[str, Any] = {"id": item.item_id, "path": item.path, "pixels": None, "valid": None,
-                               "real": None, "frame_indices": None, "clip_frames": None, "clip_index": None,
-                               "error": None}
-        try:
-            if self.kind == "image":
-                out["pixels"] = self._image(item.path)
-            else:
-                out.update(self._video(item.path))
-        except Exception as e:  # a bad file becomes a failure record, whatever went wrong
-            out["error"] = _error_text(e)
-            log.debug("failed %s: %s", item.path, traceback.format_exc())
-        return out
-
-    def _image(self, path: str) -> torch.Tensor:
-
-        img = load_image(path)
-        arr = np.array(img.convert("RGB") if img.mode != "RGB" else img)  # writable [H, W, 3] uint8
-        x = torch.from_numpy(arr).permute(2, 0, 1)  # [3, H, W] uint8
-        return self.pre(x).contiguous()
-
-    def _video(self, path: str) -> dict[str, Any]:
-        """-> pixels (frames uint8 [K,3,S,S]), valid, real (frames that are not padding), frame_indices;
-        clip encoders also clip_frames and clip_index."""
-
-        v = self.video
-        info = video_info(path, backend=v.backend)
-        if not info.num_frames or info.num_frames < 1:
-            raise DataError(f"video {path} has no frames")
-        indices, valid = sample_frame_indices(
-            info.num_frames, v.frames, strategy=v.strategy, fps=info.fps, target_fps=v.target_fps, short=v.short
-        )
-        indices = [int(i) for i in indices]
-        valid = int(valid)
-        if v.strategy == "all":  # every frame, zero-padded to the store's K positions
-            if len(indices) > v.frames:
-                raise DataError(f"video {path} has {len(indices)} frames, more than encoder.frames={v.frames} "
-                                f"positions (frame_strategy=all): raise encoder.frames or use uniform")
-            real = indices
-            indices = indices + [indices[-1]] * (v.frames - len(indices))
-        else:
-            real = indices[:valid] if v.short == "pad" else indices
-        out: dict[str, Any] = {"valid": valid, "real": len(real), "frame_indices": tuple(indices)}
-        if v.clip_length is None:
-            x = self._frames(path, real)  # [K', 3, S, S]
-        else:  # the frames of all K' clips, each decoded and resized once
-
-            union, index = clip_union(clip_frame_indices(real, info.num_frames, v.clip_length, v.clip_stride))
-            out["clip_frames"] = self._frames(path, union)  # [U, 3, S, S]
-            out["clip_index"] = torch.from_numpy(index)  # [K', L]
-            position = {f: u for u, f in enumerate(union)}
-            x = out["clip_frames"][[position[c] for c in real]]  # the centre frames [K', 3, S, S]
-        if len(real) < len(indices):  # pad: zero pixels past `valid` (their features are zeroed too)
-            pad = torch.zeros((len(indices) - len(real), *x.shape[1:]), dtype=x.dtype)
-            x = torch.cat([x, pad])
-        out["pixels"] = x
-        return out
-
-    def _frames(self, path: str, indices: Sequence[int]) -> torch.Tensor:
-        """Decode ``indices`` and resize/crop them: uint8 [len(indices), 3, S, S]."""
-
-        frames = read_frames(path, indices, backend=self.video.backend)  # [n, H, W, 3] uint8
-        if len(frames) != len(indices):
-            raise DataError(f"video {path}: read {len(frames)} frames, expected {len(indices)}")
-        x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)  # [n, 3, H, W]
-        return self.pre(x).contiguous()
-
-
-def collate_media(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Batch the decoded items; frames of all videos are flattened to one [sum K, 3, S, S] tensor.
-
-    Clip encoders: ``clip_frames`` [sum U, 3, S, S] (every video's frame union), ``clip_counts``
-    (U per video) and ``clip_index`` (per video [K', L] positions into its own union).
-    """
-    ok = [s for s in samples if s["error"] is None]
-    failures = [(s["id"], s["path"], s["error"]) for s in samples if s["error"] is not None]
-    if ok:
-        pixels = torch.cat([s["pixels"] if s["pixels"].ndim == 4 else s["pixels"][None] for s in ok])
-    else:
-        pixels = torch.zeros((0, 3, 1, 1), dtype=torch.uint8)
-    clips = bool(ok) and ok[0].get("clip_frames") is not None
-    return {
-        "ids": [s["id"] for s in ok],
-        "pixels": pixels,
-        "counts": [1 if s["pixels"].ndim == 3 else int(s["pixels"].shape[0]) for s in ok],
-        "valid": [s["valid"] for s in ok],
-        "real": [s["real"] for s in ok],
-        "frame_indices": [s["frame_indices"] for s in ok],
-        "clip_frames": torch.cat([s["clip_frames"] for s in ok]) if clips else None,
-        "clip_counts": [int(s["clip_frames"].shape[0]) for s in ok] if clips else None,
-        "clip_index": [s["clip_index"] for s in ok] if clips else None,
-        "failures": failures,
-        "num_items": len(samples),
-    }
 
 
 # ------------------------------------------------------------------------------- LightningModule
@@ -466,7 +310,7 @@ class ExtractDataModule(pl.LightningDataModule):
 
     def __init__(self, items: Sequence[MediaItem], kind: str, preprocessing: Preprocessing,
                  video: VideoSampling | None, features_dir: str | Path, batch_size: int = 32,
-                 num_workers: int = 2, pin_memory: bool = False) -> None:
+                 num_workers: int = 2, pin_memory: bool = False, encoded_jpegs: bool = False) -> None:
         super().__init__()
         self.items = list(items)
         self.kind = kind
@@ -476,6 +320,7 @@ class ExtractDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
+        self.encoded_jpegs = encoded_jpegs
         self.done: set[str] = set()
         self.todo: list[MediaItem] | None = None
 
@@ -491,9 +336,17 @@ class ExtractDataModule(pl.LightningDataModule):
         log.info("%d items: %d already in %s, %d to extract", len(self.items), len(self.items) - len(todo or ()),
                  self.features_dir, len(todo or ()))
 
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """The batch on ``device``; its encoded JPEGs (CPU bytes, as the decoder takes them) decoded there."""
+        if not isinstance(batch, dict) or not batch.get("encoded"):
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        moved = super().transfer_batch_to_device({k: v for k, v in batch.items() if k != "encoded"}, device,
+                                                 dataloader_idx)
+        return decode_on_device({**moved, "encoded": batch["encoded"]}, self.pre, device)
+
     def predict_dataloader(self) -> DataLoader:
         assert self.todo is not None, "setup() first"
-        ds = MediaDataset(self.todo, self.kind, self.pre, self.video)
+        ds = MediaDataset(self.todo, self.kind, self.pre, self.video, encoded_jpegs=self.encoded_jpegs)
         return DataLoader(
             ds, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
             collate_fn=collate_media, pin_memory=self.pin_memory,
@@ -554,15 +407,24 @@ def unique_items(pairs: Sequence[tuple[str, str]]) -> list[MediaItem]:
     return list(seen.values())
 
 
+def default_workers() -> int:
+    """DataLoader workers by default: the cores this process may run on (at most 16)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(16, cores))
+
+
 def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, features_dir: str | Path, *,
-                   trainer: dict[str, Any] | None = None, batch_size: int = 32, num_workers: int = 2,
+                   trainer: dict[str, Any] | None = None, batch_size: int = 32, num_workers: int | None = None,
                    dtype: str = "float16", shard_size: int = 256, progress: bool = True,
-                   callbacks: Sequence[pl.Callback] = ()) -> ExtractSummary:
+                   callbacks: Sequence[pl.Callback] = (), jpeg_decoder: str = "auto") -> ExtractSummary:
     """Extract features for ``items`` into the FeatureStore at ``features_dir`` (resumable).
 
     ``trainer``: ``pytorch_lightning.Trainer`` keyword arguments (accelerator, devices, strategy,
-    precision, ...).  Returns the summary summed over ranks (same on every rank).
+    precision, ...); ``num_workers``: None for ``default_workers()``; ``jpeg_decoder``: ``auto``
+    (nvjpeg on a CUDA device, else PIL in the workers), ``pil`` or ``nvjpeg``
+    (``captioning.features.device_decode``).  Returns the summary summed over ranks (same on every rank).
     """
+    num_workers = default_workers() if num_workers is None else num_workers
     if dtype not in STORE_DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not valid: use float16 | float32")
     if batch_size < 1 or shard_size < 1 or num_workers < 0:
@@ -571,14 +433,18 @@ def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, fe
     cfg = backbone.cfg
     video = kind == "video"
     pre = backbone.preprocessing(video=video)
-    meta = store_meta(backbone, kind, dtype)
-    check_existing_meta(features_dir, meta)
     kw = dict(trainer or {})
     progress = progress and kw.pop("enable_progress_bar", True)
     accelerator = str(kw.get("accelerator", "auto"))
     pin = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    on_device = resolve_jpeg_decoder(jpeg_decoder, kind, accelerator)
+    meta = store_meta(backbone, kind, dtype)
+    if not video:  # a record (stores compare settings, not decoders)
+        meta["image_decoder"] = "nvjpeg (baseline JPEGs), PIL (other files)" if on_device else "PIL"
+    check_existing_meta(features_dir, meta)
     dm = ExtractDataModule(items, kind, pre, VideoSampling.from_encoder(cfg) if video else None, features_dir,
-                           batch_size=batch_size, num_workers=num_workers, pin_memory=pin)
+                           batch_size=batch_size, num_workers=num_workers, pin_memory=pin, encoded_jpegs=on_device)
+    log.info("%d DataLoader workers; JPEGs decoded by %s", num_workers, "nvjpeg on the device" if on_device else "PIL")
     writer = StoreWriter(features_dir, meta, shard_size=shard_size, dtype=dtype)
     cbs: list[pl.Callback] = [writer, *callbacks]
     if progress:

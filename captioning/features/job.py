@@ -38,7 +38,8 @@ class ExtractConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     features_dir: str = MISSING  # conf/extract.yaml: ${data.root}/features/${encoder.name}
     batch_size: int = 32
-    num_workers: int = 2
+    num_workers: int | None = None  # DataLoader workers; None: one per available core (at most 16)
+    jpeg_decoder: str = "auto"  # auto (nvjpeg on a GPU, else PIL) | pil | nvjpeg: where JPEGs are decoded
     dtype: str = "float16"  # float16 | float32
     shard_size: int = 256
     limit: int | None = None  # only the first N unique items (smoke runs)
@@ -74,5 +75,6 @@ def extract(cfg: ExtractConfig) -> dict[str, Any]:
     summary = run_extraction(
         items, cfg.data.kind, backbone, cfg.features_dir, trainer=cfg.trainer.kwargs(predict=True),
         batch_size=cfg.batch_size, num_workers=cfg.num_workers, dtype=cfg.dtype, shard_size=cfg.shard_size,
+        jpeg_decoder=cfg.jpeg_decoder,
     )
     return summary.to_dict()

@@ -277,7 +277,8 @@ class CaptioningModule(pl.LightningModule):
         return " ".join(self.vocab.decode(hyp.tokens))
 
     def validation_step(self, batch, batch_idx: int) -> None:
-        hyps = self.generate(batch.features, batch.mask)
+        with torch.autocast(self.device.type, enabled=False):  # fp32, as the evaluation decodes by default
+            hyps = self.generate(batch.features, batch.mask)
         for i, h in zip(batch.index.tolist(), hyps, strict=True):
             self._val_outputs.append((i, self.caption_text(h)))
 
@@ -305,8 +306,8 @@ class CaptioningModule(pl.LightningModule):
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
         """Decode a batch: per item its index, the best hypothesis's tokens, the attention that
-        emitted each token and its score, and ``nbest``: every hypothesis (tokens, score), best
-        first (beam search's n-best or the samples)."""
+        emitted each token, its score and each word's log-prob (then <eos>'s), and ``nbest``: every
+        hypothesis (tokens, score), best first (beam search's n-best or the samples)."""
         with torch.no_grad():
             nbest = decode_batch(self.decoder, batch.features.float(), batch.mask, self.decode_cfg,
                                  self.vocab.bos, self.vocab.eos, self.vocab.unk)
@@ -316,6 +317,7 @@ class CaptioningModule(pl.LightningModule):
             tokens = self.vocab.decode(h.tokens)
             att = None if h.attention is None else h.attention[: len(tokens)].float().cpu().numpy()
             out.append({"index": i, "tokens": tokens, "attention": att, "score": float(h.score),
+                        "token_log_probs": [round(x, 4) for x in h.token_log_probs],  # words, then <eos>'s
                         "nbest": [(self.vocab.decode(x.tokens), float(x.score)) for x in hyps]})
         return out
 

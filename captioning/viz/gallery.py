@@ -1,29 +1,16 @@
-"""Output layer of ``captioning-caption``: ``captions.json`` (schema + validation) and ``index.html``.
+"""Output layer of ``captioning-caption``: its entries, figures, ``captions.json`` and ``index.html``.
 
-``captions.json`` is a JSON list with one entry per input::
-
-    {"input": "photos/cat.jpg", "kind": "image", "caption": "a cat on a mat",
-     "tokens": ["a", "cat", "on", "a", "mat"],
-     "attention": [[...49 floats...], ...one row per token...], "attention_shape": [7, 7],
-     "figure": "figures/0000_cat.png"}
-
-``attention[i]`` holds the weights used to emit ``tokens[i]``: for an image, the row-major flattened
-``H x W`` feature grid (``attention_shape = [H, W]``), or for image regions (imported detector
-features) one weight per region (``attention_shape = [n]``) with, when known, their pixel ``boxes``
-``[[x1, y1, x2, y2], ...]`` and the ``image_size`` ``[W, H]`` they lie in; for a video, one weight per
-sampled frame (``attention_shape = [K]``) with the original frame numbers in ``frame_indices``. A
-failed input is ``{"input": ..., "kind": ..., "error": "one line"}`` (other keys optional).
-
-``write_gallery`` turns captions (``captioning.caption.api.CaptionResult``) into the output folder of
-``captioning-caption``: ``figures/<NNNN>_<name>.png``, ``captions.json`` and ``index.html``.
+``make_entry`` / ``result_entry`` build one ``captions.json`` entry (its attention as ``[T, N]``
+rows in memory); ``write_gallery`` turns captions (``captioning.caption.api.CaptionResult``) into the
+output folder of ``captioning-caption``: ``figures/<NNNN>_<name>.png``, ``captions.json`` with its
+``attention.npy`` (the schema, validation, writing and reading: ``captioning.viz.captions_file``)
+and ``index.html``.
 """
 
 from __future__ import annotations
 
 import html
-import json
 import logging
-import math
 import os
 import re
 import urllib.parse
@@ -33,8 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from captioning.errors import CaptioningError, DataError
+from captioning.errors import CaptioningError
 from captioning.utils.io import atomic_write
+from captioning.viz.captions_file import (
+    CAPTIONS_SCHEMA,
+    captions_errors,
+    read_captions,
+    validate_captions,
+    write_captions_json,
+)
 from captioning.viz.heatmaps import plot_result
 
 log = logging.getLogger(__name__)
@@ -51,95 +45,15 @@ __all__ = [
     "result_entry",
     "write_gallery",
     "error_line",
+    "read_captions",
 ]
 
 FIGURES_DIR = "figures"
-
-_SUCCESS_KEYS = ["caption", "tokens", "attention", "attention_shape", "figure"]
-
-CAPTIONS_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://example.invalid/captioning/captions.schema.json",
-    "title": "captions.json written by captioning-caption",
-    "type": "array",
-    "items": {"$ref": "#/$defs/entry"},
-    "$defs": {
-        "entry": {
-            "type": "object",
-            "required": ["input", "kind"],
-            "properties": {
-                "input": {"type": "string", "minLength": 1},
-                "kind": {"enum": ["image", "video"]},
-                "caption": {"type": "string"},
-                "tokens": {"type": "array", "items": {"type": "string"}},
-                "attention": {
-                    "type": "array",
-                    "items": {"type": "array", "items": {"type": "number", "minimum": 0}},
-                },
-                "attention_shape": {
-                    "type": "array",
-                    "items": {"type": "integer", "minimum": 1},
-                    "minItems": 1,
-                    "maxItems": 2,
-                },
-                "frame_indices": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                "boxes": {
-                    "type": "array",
-                    "items": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4},
-                },
-                "image_size": {
-                    "type": "array",
-                    "items": {"type": "integer", "minimum": 1},
-                    "minItems": 2,
-                    "maxItems": 2,
-                },
-                "figure": {"type": "string", "minLength": 1},
-                "error": {"type": "string", "minLength": 1},
-            },
-            "allOf": [
-                {  # a successful entry carries the caption, its attention and its figure
-                    "if": {"not": {"required": ["error"]}},
-                    "then": {"required": _SUCCESS_KEYS},
-                },
-                {  # image attention is a 2-D grid or 1-D over regions; frame indices make no sense
-                    "if": {"required": ["kind"], "properties": {"kind": {"const": "image"}}},
-                    "then": {
-                        "properties": {"attention_shape": {"minItems": 1, "maxItems": 2}},
-                        "not": {"required": ["frame_indices"]},
-                    },
-                },
-                {  # boxes are image regions: one per weight of a 1-D attention
-                    "if": {"anyOf": [{"required": ["boxes"]}, {"required": ["image_size"]}]},
-                    "then": {
-                        "properties": {"kind": {"const": "image"},
-                                       "attention_shape": {"minItems": 1, "maxItems": 1}},
-                    },
-                },
-                {  # video attention is one weight per sampled frame, whose numbers are listed
-                    "if": {"required": ["kind"], "properties": {"kind": {"const": "video"}}},
-                    "then": {"properties": {"attention_shape": {"minItems": 1, "maxItems": 1}}},
-                },
-                {
-                    "if": {
-                        "required": ["kind"],
-                        "properties": {"kind": {"const": "video"}},
-                        "not": {"required": ["error"]},
-                    },
-                    "then": {"required": ["frame_indices"]},
-                },
-            ],
-        }
-    },
-}
 
 
 # ----------------------------------------------------------------------------------------------
 # building entries
 # ----------------------------------------------------------------------------------------------
-
-
-def _round(x: float) -> float:
-    return float(f"{float(x):.6g}")
 
 
 def make_entry(
@@ -158,12 +72,13 @@ def make_entry(
 
     attention: [T, h*w] / [T, h, w] (image) or [T, K] (video), numpy or torch (moved to CPU);
     attention_shape defaults to [h, w] for a 3-D image attention, else [K] for video; an image
-    with a flat [T, N] attention needs ``attention_shape``. Weights are stored with 6
-    significant digits. ``extra`` keys (e.g. ``score``) are copied as they are.
+    with a flat [T, N] attention needs ``attention_shape``. The weights are kept as a float32
+    ``[T, N]`` array (written to ``attention.npy`` in float16). ``extra`` keys (e.g. ``score``) are
+    copied as they are.
     """
     if hasattr(attention, "detach"):
         attention = attention.detach().float().cpu().numpy()
-    a = np.asarray(attention, dtype=np.float64)
+    a = np.asarray(attention, dtype=np.float32)
     if a.ndim == 3:
         shape = list(a.shape[1:]) if attention_shape is None else [int(s) for s in attention_shape]
         a = a.reshape(a.shape[0], -1)
@@ -185,7 +100,7 @@ def make_entry(
         "kind": kind,
         "caption": caption if caption is not None else " ".join(tokens),
         "tokens": tokens,
-        "attention": [[_round(x) for x in row] for row in a],
+        "attention": a,
         "attention_shape": shape,
     }
     if frame_indices is not None:
@@ -211,198 +126,6 @@ def figure_name(input: str, index: int, suffix: str = ".png") -> str:
     return f"{index:04d}_{slug}{suffix}"
 
 
-# ----------------------------------------------------------------------------------------------
-# validation
-# ----------------------------------------------------------------------------------------------
-
-
-def _is_int(x: Any) -> bool:
-    """JSON Schema's "integer": an int, or a float with no fractional part (7.0); never a bool."""
-    if isinstance(x, bool):
-        return False
-    return isinstance(x, int) or (isinstance(x, float) and x.is_integer())
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _structure_errors_fallback(entry: Any) -> list[str]:
-    """Hand-written equivalent of ``CAPTIONS_SCHEMA`` for one entry (used without jsonschema)."""
-    if not isinstance(entry, Mapping):
-        return [f"entry must be an object, got {type(entry).__name__}"]
-    errs: list[str] = []
-    for key in ("input", "kind"):
-        if key not in entry:
-            errs.append(f"missing required key {key!r}")
-    has_error = "error" in entry
-    if not has_error:
-        errs += [f"missing required key {k!r}" for k in _SUCCESS_KEYS if k not in entry]
-    kind = entry.get("kind")
-    if "kind" in entry and kind not in ("image", "video"):
-        errs.append(f"'kind' must be 'image' or 'video', got {kind!r}")
-    for key in ("input", "figure", "error"):
-        if key in entry and not (isinstance(entry[key], str) and entry[key]):
-            errs.append(f"{key!r} must be a non-empty string")
-    if "caption" in entry and not isinstance(entry["caption"], str):
-        errs.append("'caption' must be a string")
-    if "tokens" in entry:
-        t = entry["tokens"]
-        if not isinstance(t, list) or not all(isinstance(x, str) for x in t):
-            errs.append("'tokens' must be a list of strings")
-    if "attention" in entry:
-        a = entry["attention"]
-        if not isinstance(a, list) or not all(isinstance(r, list) for r in a):
-            errs.append("'attention' must be a list of lists of numbers")
-        elif not all(_is_number(x) and x >= 0 for r in a for x in r):
-            errs.append("'attention' weights must be numbers >= 0")
-    if "attention_shape" in entry:
-        s = entry["attention_shape"]
-        lo, hi = {"image": (1, 2), "video": (1, 1)}.get(kind, (1, 2))
-        if not isinstance(s, list) or not all(_is_int(x) and x >= 1 for x in s):
-            errs.append("'attention_shape' must be a list of positive integers")
-        elif not lo <= len(s) <= hi:
-            errs.append(
-                f"'attention_shape' of a {kind or 'any'} entry must have {lo}..{hi} dims, got {len(s)}"
-            )
-    if "frame_indices" in entry:
-        f = entry["frame_indices"]
-        if not isinstance(f, list) or not all(_is_int(x) and x >= 0 for x in f):
-            errs.append("'frame_indices' must be a list of integers >= 0")
-        if kind == "image":
-            errs.append("'frame_indices' is only allowed for video entries")
-    elif kind == "video" and not has_error:
-        errs.append("missing required key 'frame_indices' (video)")
-    errs += _region_structure_errors(entry)
-    return errs
-
-
-def _region_structure_errors(entry: Mapping[str, Any]) -> list[str]:
-    """The fallback's checks of ``boxes`` / ``image_size`` (image regions only)."""
-    errs: list[str] = []
-    if "boxes" in entry:
-        b = entry["boxes"]
-        if not isinstance(b, list) or not all(isinstance(r, list) and len(r) == 4 and all(map(_is_number, r))
-                                              for r in b):
-            errs.append("'boxes' must be a list of [x1, y1, x2, y2] numbers")
-    if "image_size" in entry:
-        s = entry["image_size"]
-        if not isinstance(s, list) or len(s) != 2 or not all(_is_int(x) and x >= 1 for x in s):
-            errs.append("'image_size' must be [W, H] (positive integers)")
-    if ("boxes" in entry or "image_size" in entry) and (
-            entry.get("kind") != "image" or len(entry.get("attention_shape") or [0, 0]) != 1):
-        errs.append("'boxes' / 'image_size' belong to image entries with a 1-D attention_shape (regions)")
-    return errs
-
-
-def _structure_errors_jsonschema(entry: Any, validator: Any) -> list[str]:
-    out = []
-    for e in sorted(validator.iter_errors(entry), key=lambda e: list(e.absolute_path)):
-        where = "/".join(str(p) for p in e.absolute_path)
-        out.append(f"{where + ': ' if where else ''}{e.message}")
-    return out
-
-
-def _entry_validator() -> Any | None:
-    try:
-        import jsonschema
-    except ImportError:
-        return None
-    schema = dict(CAPTIONS_SCHEMA["$defs"]["entry"])
-    schema["$schema"] = CAPTIONS_SCHEMA["$schema"]
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema)
-
-
-def _semantic_errors(entry: Mapping[str, Any]) -> list[str]:
-    """Checks a JSON schema cannot express: counts, row lengths, finite weights, safe figure path."""
-    errs: list[str] = []
-    if "figure" in entry and isinstance(entry["figure"], str):
-        fig = entry["figure"]
-        parts = PurePosixPath(fig.replace("\\", "/")).parts
-        if (
-            fig.startswith(("/", "\\"))
-            or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", fig)
-            or ".." in parts
-        ):
-            errs.append(f"'figure' must be a relative path inside the output folder, got {fig!r}")
-    if "error" in entry:
-        return errs
-    tokens, att, shape = entry["tokens"], entry["attention"], entry["attention_shape"]
-    if len(tokens) != len(att):
-        errs.append(f"{len(tokens)} tokens but {len(att)} attention rows (need one row per token)")
-    n = math.prod(shape)
-    bad = [i for i, row in enumerate(att) if len(row) != n]
-    if bad:
-        errs.append(
-            f"attention row {bad[0]} has {len(att[bad[0]])} weights, attention_shape {shape} needs {n}"
-        )
-    if any(not math.isfinite(x) for row in att for x in row):
-        errs.append("attention contains NaN or infinity")
-    if entry.get("kind") == "video" and len(entry["frame_indices"]) != shape[0]:
-        errs.append(
-            f"{len(entry['frame_indices'])} frame_indices but attention_shape {shape} has {shape[0]} frames"
-        )
-    boxes = entry.get("boxes")
-    if boxes is not None and len(boxes) != shape[0]:
-        errs.append(f"{len(boxes)} boxes but attention_shape {shape} has {shape[0]} regions")
-    if boxes is not None and any(b[2] < b[0] or b[3] < b[1] for b in boxes):
-        errs.append("a box has x2 < x1 or y2 < y1 (boxes are [x1, y1, x2, y2])")
-    return errs
-
-
-def captions_errors(entries: Any, *, use_jsonschema: bool = True) -> list[str]:
-    """All problems of a ``captions.json`` list, each as ``"entry N (input): message"``; [] if valid.
-
-    Structure is checked against ``CAPTIONS_SCHEMA`` (with ``jsonschema`` when installed and
-    ``use_jsonschema``, else a hand-written equivalent); then per entry: len(tokens) ==
-    len(attention), every row has prod(attention_shape) weights, weights are finite, video
-    frame_indices match attention_shape, and the figure path is relative without ``..``.
-    """
-    if not isinstance(entries, list):
-        return [f"captions must be a JSON list of entries, got {type(entries).__name__}"]
-    validator = _entry_validator() if use_jsonschema else None
-    problems: list[str] = []
-    for i, entry in enumerate(entries):
-        if validator is not None:
-            errs = _structure_errors_jsonschema(entry, validator)
-        else:
-            errs = _structure_errors_fallback(entry)
-        if not errs:
-            errs = _semantic_errors(entry)
-        name = entry.get("input") if isinstance(entry, Mapping) else None
-        label = f"entry {i}" + (f" ({name!r})" if isinstance(name, str) else "")
-        problems += [f"{label}: {e}" for e in errs]
-    return problems
-
-
-def validate_captions(
-    entries: Any, *, source: str = "captions", use_jsonschema: bool = True
-) -> None:
-    """Raise ``DataError`` naming the first problems if ``entries`` is not a valid captions.json list."""
-    problems = captions_errors(entries, use_jsonschema=use_jsonschema)
-    if problems:
-        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise DataError(f"{source} is not valid captions.json: " + "; ".join(problems[:3]) + more)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if hasattr(obj, "detach"):  # torch tensor
-        obj = obj.detach().cpu().numpy()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, Path):
-        return obj.as_posix()
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(x) for x in obj]
-    return obj
-
-
 def _write_text(path: str | Path, text: str) -> Path:
     def write(p: Path) -> None:
         p.write_text(text, encoding="utf-8")
@@ -410,17 +133,6 @@ def _write_text(path: str | Path, text: str) -> Path:
 
     return atomic_write(path, write)
 
-
-def write_captions_json(entries: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
-    """Validate and atomically write ``captions.json`` (one entry per line, strict JSON: no NaN).
-
-    numpy arrays / scalars and torch tensors in entries are converted to lists / numbers.
-    Raises ``DataError`` (nothing written) when an entry is invalid.
-    """
-    data = [_jsonable(e) for e in entries]
-    validate_captions(data, source=str(path))
-    body = ",\n".join(json.dumps(e, ensure_ascii=False, allow_nan=False) for e in data)
-    return _write_text(path, "[\n" + body + "\n]\n" if data else "[]\n")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -558,6 +270,8 @@ def result_entry(result: Any, figure: str) -> dict[str, Any]:
     if result.error is not None:
         return error_entry(result.input, result.kind, result.error)
     extra: dict[str, Any] = {"score": round(float(result.score), 4)}
+    if getattr(result, "token_log_probs", None):
+        extra["token_log_probs"] = [round(float(x), 4) for x in result.token_log_probs]
     if not result.has_attention:
         extra["attention_note"] = "the model has no attention: uniform weights over the features"
     if result.kind == "image" and len(result.attention_shape) == 1:  # image regions, boxes when known

@@ -324,6 +324,9 @@ PLOT = "metrics_by_length.png"
 EVAL_FAULTS = [
     ("kill", "write", "results.json"),
     ("kill", "write", "metrics.json"),
+    # the attention rows first: predictions.json never points into an older attention.npy
+    *[("kill", p, "attention.npy") for p in ("write", "replaced")],
+    ("enospc", "write", "attention.npy"),
     *[("kill", p, "predictions.json") for p in ("write", "fsync", "fsynced", "replace", "replaced")],
     *[("enospc", p, "predictions.json") for p in ("write", "fsync", "replace")],
     ("kill", "write", PLOT),
@@ -332,7 +335,7 @@ EVAL_FAULTS = [
     ("kill", "write", "report.md"),
     ("enospc", "write", "report.md"),
 ]
-OUTPUTS = ("results.json", "metrics.json", "predictions.json", PLOT, "report.json", "report.md", "provenance.json")
+OUTPUTS = ("results.json", "metrics.json", "attention.npy", "predictions.json", PLOT, "report.json", "report.md", "provenance.json")
 
 
 def evaluate_args(ckpt: Path, out: Path) -> list[str]:

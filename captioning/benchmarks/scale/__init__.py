@@ -21,7 +21,8 @@ Stages (``--skip`` any), each printing its JSON lines as soon as they are measur
   ``--memory-items`` (10k) and at full size; ``ddp``: the PSS of ``--ddp-pss`` ranks reading their
   shares of the same store;
 - ``evaluate``: ``captioning-evaluate`` of ``--eval-items`` test items (beam 3, all metrics) with a
-  random-weight decoder of the default size: decode, scoring per metric, writing;
+  random-weight decoder of the default size: decode, scoring per metric, writing (``write_over_decode``),
+  in ``--eval-precision`` (fp32 by default);
 - ``extract``: ``bench extract-images`` projected to the store's item count.
 
 Every line carries ``items`` (in the store), ``shape``, ``item_bytes`` and ``machine``; where a
@@ -75,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ddp-pss", type=int, default=2, help="ranks of the ddp stage")
     parser.add_argument("--ddp-batches", type=int, default=100, help="batches per rank in the ddp stage")
     parser.add_argument("--eval-beam", type=int, default=3)
+    parser.add_argument("--eval-batch-size", type=int, default=None, help="items decoded together (default: the job's)")
+    parser.add_argument("--eval-precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                        help="the evaluation's decoding precision (its files: <root>/eval/<precision>)")
     parser.add_argument("--eval-metrics", type=lambda t: [m for m in t.split(",") if m],
                         default=["bleu", "meteor", "rouge", "cider"], help="metrics of the evaluate stage")
     parser.add_argument("--extract-images", type=int, default=128, help="JPEGs of the extraction stage")

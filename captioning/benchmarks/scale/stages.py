@@ -398,26 +398,26 @@ class Scale:
         return path
 
     def evaluate(self) -> Iterator[dict[str, Any]]:
-        """``captioning.evaluation.job.evaluate`` on the test split: where its time goes."""
-        ckpt = self._checkpoint(self.root / "eval" / "random.ckpt")
-        cfg = EvaluateConfig(ckpt_path=str(ckpt), split="test", decode=DecodeConfig(beam_size=self.args.eval_beam),
-                             trainer=TrainerConfig(accelerator="gpu" if self.args.device == "cuda" else "cpu",
+        """``captioning.evaluation.job.evaluate`` on the test split: where its time goes (files: ``eval/<precision>``)."""
+        a, ckpt = self.args, self._checkpoint(self.root / "eval" / "random.ckpt")
+        cfg = EvaluateConfig(ckpt_path=str(ckpt), split="test", decode=DecodeConfig(beam_size=a.eval_beam),
+                             trainer=TrainerConfig(accelerator="gpu" if a.device == "cuda" else "cpu",
                                                    enable_progress_bar=False),
-                             output_dir=str(self.root / "eval" / "out"), num_workers=2, grounding=False,
-                             metrics=list(self.args.eval_metrics))
-        t = time.perf_counter()
-        summary = evaluate(cfg)
-        wall = time.perf_counter() - t
-        seconds = summary["seconds"]  # "score" is the sum of its parts "score/<step>"
+                             output_dir=str(self.root / "eval" / a.eval_precision), num_workers=2, grounding=False,
+                             metrics=list(a.eval_metrics), batch_size=a.eval_batch_size, precision=a.eval_precision)
+        t, summary = time.perf_counter(), evaluate(cfg)
+        wall, seconds = time.perf_counter() - t, summary["seconds"]  # "score" is the sum of its parts "score/<step>"
         longest = max((kv for kv in seconds.items() if kv[0] != "score"), key=lambda kv: kv[1])
-        results = read_json(Path(summary["output_dir"]) / "results.json", "evaluation results")
-        words = statistics.mean(len(r["caption"].split()) for r in results) if results else 0.0
-        common = {"eval_items": summary["items"], "beam": self.args.eval_beam, "metrics": list(cfg.metrics)}
+        results = read_json(Path(summary["output_dir"]) / "results.json", "evaluation results") or [{"caption": ""}]
+        words = statistics.mean(len(r["caption"].split()) for r in results)
+        common = {"eval_items": summary["items"], "beam": a.eval_beam, "metrics": list(cfg.metrics), "threads":
+                  torch.get_num_threads(), "precision": a.eval_precision, "batch_size": a.eval_batch_size or "auto"}
         for step, value in seconds.items():
-            yield self.record(f"evaluate/{step}", "s", round(value, 2), share=round(value / wall, 3), **common)
+            yield self.record(f"evaluate/{step}", "s", round(value, 2), share=round(value / wall, 3),
+                              cpu_s=summary["cpu_seconds"].get(step), **common)
         yield self.record("evaluate/total", "s", round(wall, 2), items_per_s=_rate(summary["items"], wall),
-                          longest_step=longest[0], longest_step_s=round(longest[1], 2),
-                          mean_caption_words=round(words, 2),
+                          longest_step=longest[0], longest_step_s=round(longest[1], 2), mean_caption_words=round(words, 2),
+                          write_over_decode=round(seconds.get("write", 0.0) / max(seconds.get("decode", 0.0), 1e-9), 4),
                           note="random-weight decoder (the default soft_attention size): its captions are not "
                                "a trained model's, their lengths are given", **common)
 

@@ -1,0 +1,142 @@
+"""JPEG decoding where the backbone runs: the extraction job's images decoded by nvjpeg on the GPU.
+
+On a CPU, JPEG decoding and resizing in DataLoader workers feed a GPU backbone a fraction of what it
+can take (docs/benchmarks.md).  With ``jpeg_decoder=nvjpeg`` the workers only read the files' bytes
+(``MediaDataset(encoded_jpegs=True)``: the JPEGs ``captioning.data.jpeg.device_refusal`` lets through);
+``decode_on_device`` decodes a batch of them at once with ``torchvision.io.decode_jpeg(device=...)``
+(nvjpeg), applies the store's resize/crop there (``Preprocessing`` on the device, images of one size
+together) and puts them among the worker-decoded pixels in item order.  A file the device decoder
+refuses is decoded by PIL (``load_image``) in this process, and a file PIL refuses too becomes a
+failure with ``load_image``'s one-line error, under the job's usual failure policy.
+
+nvjpeg and libjpeg-turbo (PIL) differ in their inverse DCT and chroma upsampling: decoded pixels agree
+to a mean absolute difference below 2 levels (torchvision's own criterion for its GPU decoder;
+``tests/test_device_decode.py`` checks it on 4:4:4, 4:2:2, 4:2:0 and grayscale JPEGs); the store
+records which decoder made its features (meta ``image_decoder``).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from captioning.data.media import load_image
+from captioning.errors import ConfigError
+from captioning.features.backbones import Preprocessing
+from captioning.features.media_dataset import error_text
+
+__all__ = ["DECODERS", "decode_jpegs", "decode_on_device", "nvjpeg_works", "resolve_jpeg_decoder", "resize_all"]
+
+log = logging.getLogger("captioning.extract")
+
+DECODERS = ("auto", "pil", "nvjpeg")
+
+
+@functools.lru_cache(maxsize=8)
+def nvjpeg_works(device: str) -> bool:
+    """Whether ``torchvision.io.decode_jpeg`` decodes on ``device`` (a CUDA device): one tiny JPEG tried."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return False
+    try:
+        from PIL import Image
+        from torchvision.io import decode_jpeg
+
+        buf = io.BytesIO()
+        Image.new("RGB", (16, 16), (200, 40, 90)).save(buf, "JPEG")
+        out = decode_jpeg(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8), device=device)
+        return tuple(out.shape) == (3, 16, 16) and out.device.type == "cuda"
+    except Exception as e:  # an old torchvision, a build without nvjpeg, a driver problem
+        log.info("nvjpeg unavailable on %s (%s): JPEGs are decoded by PIL in the workers", device, error_text(e))
+        return False
+
+
+def resolve_jpeg_decoder(choice: str, kind: str, accelerator: str) -> bool:
+    """Whether the job decodes JPEGs on the device: ``nvjpeg`` (an error without it), ``pil`` (never) or
+    ``auto`` (on a CUDA accelerator whose nvjpeg works; images only)."""
+    if choice not in DECODERS:
+        raise ConfigError(f"jpeg_decoder={choice!r}: use auto, pil or nvjpeg")
+    cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    if kind != "image" or choice == "pil" or (choice == "auto" and not cuda):
+        return False
+    if nvjpeg_works("cuda"):
+        return True
+    if choice == "nvjpeg":
+        raise ConfigError("jpeg_decoder=nvjpeg but torchvision cannot decode JPEGs on a CUDA device here "
+                          "(no GPU, or a torchvision built without nvjpeg): use jpeg_decoder=auto or pil")
+    return False
+
+
+def decode_jpegs(data: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor | str]:
+    """Decode JPEG byte tensors (CPU uint8 [n]) on ``device`` -> RGB uint8 [3, H, W] each, or the
+    decoder's error text; all at once (nvjpeg's batched decode), one by one when that fails."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        return list(decode_jpeg(list(data), mode=ImageReadMode.RGB, device=device))
+    except (RuntimeError, TypeError, ValueError):
+        out: list[torch.Tensor | str] = []
+        for d in data:
+            try:
+                out.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=device))
+            except (RuntimeError, TypeError, ValueError) as e:
+                out.append(error_text(e))
+        return out
+
+
+def resize_all(images: Sequence[torch.Tensor], pre: Preprocessing) -> torch.Tensor:
+    """``pre`` (resize + crop) of each image [3, H_i, W_i] -> [n, 3, S, S], the images of one size at once."""
+    out = torch.empty((len(images), 3, pre.size, pre.size), dtype=torch.uint8, device=images[0].device)
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for i, im in enumerate(images):
+        by_size.setdefault((int(im.shape[1]), int(im.shape[2])), []).append(i)
+    for rows in by_size.values():
+        out[rows] = pre(torch.stack([images[i] for i in rows]))
+    return out
+
+
+def _pil(path: str) -> torch.Tensor:
+    """The worker's decode of one file, here: ``load_image`` -> uint8 [3, H, W] (raises its DataError)."""
+    img = load_image(path)
+    return torch.from_numpy(np.array(img.convert("RGB") if img.mode != "RGB" else img)).permute(2, 0, 1)
+
+
+def decode_on_device(batch: dict[str, Any], pre: Preprocessing, device: torch.device) -> dict[str, Any]:
+    """``batch`` (``collate_media``'s, its tensors on ``device``) with its ``encoded`` JPEGs decoded on
+    ``device`` and placed among ``pixels`` in item order -> the batch ``predict_step`` reads; an item
+    neither nvjpeg nor PIL decodes leaves ``ids`` for ``failures``."""
+    encoded = batch.pop("encoded", None) or []
+    if not encoded:
+        return batch
+    where = [i for i, _, _ in encoded]
+    decoded = decode_jpegs([data for _, data, _ in encoded], device)
+    images: list[torch.Tensor | None] = []
+    failed: set[int] = set()
+    for (i, _, path), image in zip(encoded, decoded, strict=True):
+        if isinstance(image, str):  # nvjpeg refused it: PIL, as a worker would have
+            log.debug("nvjpeg could not decode %s (%s): decoding it with PIL", path, image)
+            try:
+                image = _pil(path).to(device)
+            except Exception as e:  # load_image's one-line DataError, kept as the failure
+                batch["failures"] = [*batch["failures"], (batch["ids"][i], path, error_text(e))]
+                failed.add(i)
+                image = None
+        images.append(image)
+    n = len(batch["ids"])
+    pixels = torch.empty((n, 3, pre.size, pre.size), dtype=torch.uint8, device=device)
+    worker_rows = sorted(set(range(n)) - set(where))
+    if worker_rows:
+        pixels[worker_rows] = batch["pixels"]
+    rows = [i for i, im in zip(where, images, strict=True) if im is not None]
+    if rows:
+        pixels[rows] = resize_all([im for im in images if im is not None], pre)
+    keep = [j for j in range(n) if j not in failed]
+    batch["pixels"] = pixels[keep] if failed else pixels
+    for key in ("ids", "counts", "valid", "real", "frame_indices"):
+        batch[key] = [batch[key][j] for j in keep]
+    return batch
