@@ -7,7 +7,8 @@ with metrics by reference length (plot), vocabulary usage and, on the synthetic 
 Under DDP every rank decodes a shard (Lightning ``predict``) and rank 0 writes one results file.
 ``ckpt_path=[a,b,c]`` decodes with the checkpoints' test-time ensemble (``captioning.models.ensemble``;
 default folder ``<first run>/eval/ensemble<M>-<split>-beam<k>``); ``server=coco`` also writes the
-COCO evaluation server's file and zip (``captioning.evaluation.server``).
+COCO evaluation server's file and zip (``captioning.evaluation.server``); ``probes=[binding,order,shuffle]``
+also scores each reference against its perturbations (``probes.json``: ``captioning.evaluation.probes``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from captioning.data.annotations import read_dataset
 from captioning.data.datamodule import CaptionEvalDataset, FeatureItems, collate
 from captioning.errors import ConfigError, DataError
 from captioning.evaluation.grounding import evaluate_grounding
+from captioning.evaluation.probes.job import PROBES_FILE, check_names, write_probes
 from captioning.evaluation.report import metrics_by_length, vocabulary_usage, write_report
 from captioning.evaluation.server import check_request, coco_image_set, write_coco_results
 from captioning.evaluation.structure import evaluate_structure
@@ -66,6 +68,7 @@ class EvaluateConfig:
     max_items: int | None = None
     server: str | None = None  # coco: also write the evaluation server's file (captioning.evaluation.server)
     server_alg: str | None = None  # <alg> of its name; default: the run's folder name
+    probes: list[str] = field(default_factory=list)  # forced-choice probes (captioning.evaluation.probes)
 
 
 def checkpoint_paths(ckpt_path: Any) -> list[str]:
@@ -131,6 +134,7 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     ranks); its ``seconds`` say where the time went (set-up, decode, score and each metric, write,
     report)."""
     laps = Laps()
+    check_names(cfg.probes)  # an unknown probe fails before decoding
     decoded = decode_split(cfg, laps)
     if decoded is None:
         return None
@@ -151,13 +155,16 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
             "provenance": evaluation_provenance(decoded)}
     write_report(out, scores, metrics_by_length(refs, hyps), vocabulary_usage(hyps, refs, len(decoded.model.vocab)),
                  grounding, meta, structure=structure)
+    probes = write_probes(out / PROBES_FILE, cfg.probes, decoded.model, decoded.items,
+                          decoded.data_cfg.grounding) if cfg.probes else None
     files = ("results.json", "metrics.json", "predictions.json") + ((ATTENTION_FILE,) if (out / ATTENTION_FILE).is_file() else ())
+    files += (PROBES_FILE,) if probes else ()
     write_provenance(out, meta["provenance"], files)
     laps.lap("report")  # grounding, structure, metrics by length, vocabulary usage, report files
     log.info("evaluation seconds: %s", ", ".join(f"{k} {v:.1f}" for k, v in laps.seconds.items()))
     print_table(scores, grounding, out, structure)
     return {"output_dir": str(out), "metrics": scores, "grounding": grounding, "structure": structure,
-            "items": len(decoded.order), "seconds": {k: round(v, 3) for k, v in laps.seconds.items()}}
+            "probes": probes, "items": len(decoded.order), "seconds": {k: round(v, 3) for k, v in laps.seconds.items()}}
 
 
 def decode_split(cfg: EvaluateConfig, laps: Laps) -> Decoded | None:
