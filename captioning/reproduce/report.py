@@ -154,7 +154,8 @@ def claims_table(catalogue: Catalogue, protocol: Protocol, records: Sequence[Map
             cells += [v, " / ".join(f"{x:.3f}" for x in dev.values()) or "-"]
         lines.append("| " + " | ".join(cells) + " |")
         rows.append({"id": c.id, "headline": c.headline, "verdict": v, "values": values, "development": dev,
-                     **({"interval": vars(interval)} if interval else {})})
+                     **({"interval": vars(interval)} if interval else {}),
+                     "claim": {k: x for k, x in vars(c).items() if x is not None and k not in ("id", "headline")}})
     return lines, rows
 
 
