@@ -14,8 +14,10 @@ from conftest import run_cli
 
 from captioning.data.tokenizer import tokenize
 from captioning.data.vocab import Vocabulary
+from captioning.errors import ConfigError
 from captioning.evaluation.probes import PROBES, ProbeItem, Question
 from captioning.evaluation.probes.binding import binding, colour_swaps
+from captioning.evaluation.probes.job import check_names
 from captioning.evaluation.probes.order import order
 from captioning.evaluation.probes.rules import attribute_swaps, relation_swaps
 from captioning.evaluation.probes.run import credit, run_probes
@@ -271,8 +273,8 @@ def test_captioning_score_probes_a_coco_format_split_with_free_form_captions(tmp
     asked = {tuple(q["candidates"]) for q in probes["binding"]["questions_asked"]}
     assert ("a white dog chasing a brown cat on the grass", "a brown dog chasing a white cat on the grass") in asked
     assert all(0 <= p["accuracy"] <= 1 for p in probes.values())
-    bad = run_cli("score", f"ckpt_path={ckpt}", f"annotations={ann}", "probes=[colour]", check=False)
-    assert bad.returncode == 2 and "probes='colour' is not a registered probe" in bad.stderr
+    with pytest.raises(ConfigError, match="probes='colour' is not a registered probe; use one of binding, order"):
+        check_names(["binding", "colour"])
 
 
 def test_every_registered_probe_returns_questions():
