@@ -185,6 +185,22 @@ def variants_table(records: Sequence[Mapping[str, Any]], data: str) -> list[str]
     return lines
 
 
+def probe_coverage(records: Sequence[Mapping[str, Any]], data: str) -> list[str]:
+    """Per probe and data seed: the test items it could perturb, of all, and the questions asked
+    (the same for every variant of a seed: the perturbations come from the annotations)."""
+    runs = {(p, int(r["data_seed"])): r["probes"][p] for r in records if r["data"] == data
+            for p in r.get("probes") or {}}
+    if not runs:
+        return []
+    seeds = sorted({s for _, s in runs})
+    lines = ["| probe | " + " | ".join(f"d{s}: items (questions)" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for probe in sorted({p for p, _ in runs}):
+        cells = [f"{x['items']} of {x['items_total']} ({x['questions']})" if (x := runs.get((probe, s))) else "-"
+                 for s in seeds]
+        lines.append(f"| {probe} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def seeds_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> list[str]:
     """Each claim's tested quantity per data seed (the values its interval pools)."""
     lines = ["| claim | " + " | ".join(f"d{s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
@@ -224,6 +240,8 @@ def write_report(catalogue: Catalogue, protocol: Protocol, records: Sequence[Map
     for data, title in (("shapes", "shapes (images)"), ("moving_shapes", "moving_shapes (videos)")):
         if any(r["data"] == data for r in records):
             lines += [f"## {title}: mean ± std over data seeds (chance)", "", *variants_table(records, data), ""]
+            coverage = probe_coverage(records, data)
+            lines += [f"Test items each probe could perturb, {title}:", "", *coverage, ""] if coverage else []
     figure = plot_by_length(records, out / f"{protocol.name}_by_length.png")
     if figure:
         lines += [f"![BLEU-4 and CIDEr by reference length]({figure.name})", ""]
