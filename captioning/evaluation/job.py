@@ -10,7 +10,8 @@ with a card's autocast; the precision is recorded in ``report.json`` and ``prove
 Under DDP every rank decodes a shard (Lightning ``predict``) and rank 0 writes one results file.
 ``ckpt_path=[a,b,c]`` decodes with the checkpoints' test-time ensemble (``captioning.models.ensemble``;
 default folder ``<first run>/eval/ensemble<M>-<split>-beam<k>``); ``server=coco`` also writes the
-COCO evaluation server's file and zip (``captioning.evaluation.server``).
+COCO evaluation server's file and zip (``captioning.evaluation.server``); ``probes=[binding,order,shuffle]``
+also scores each reference against its perturbations (``probes.json``: ``captioning.evaluation.probes``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from captioning.data.caption_table import caption_table
 from captioning.data.datamodule import CaptionEvalDataset, FeatureItems, collate
 from captioning.errors import ConfigError, DataError
 from captioning.evaluation.grounding import evaluate_grounding
+from captioning.evaluation.probes.job import PROBES_FILE, check_names, write_probes
 from captioning.evaluation.report import metrics_by_length, vocabulary_usage, write_report
 from captioning.evaluation.server import (
     check_image_set,
@@ -89,6 +91,7 @@ class EvaluateConfig:
     server: str | None = None  # coco: also write the evaluation server's file (captioning.evaluation.server)
     server_alg: str | None = None  # <alg> of its name; default: the run's folder name
     viewer: ViewerConfig = field(default_factory=ViewerConfig)  # viewer=true: <output_dir>/viewer/ (docs/viewer.md)
+    probes: list[str] = field(default_factory=list)  # forced-choice probes (captioning.evaluation.probes)
 
 
 def checkpoint_paths(ckpt_path: Any) -> list[str]:
@@ -167,6 +170,7 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     laps = Laps()
     if cfg.viewer.wanted:
         cfg.viewer.validate()  # before the decoding, not after it
+    check_names(cfg.probes)  # an unknown probe fails before decoding
     decoded = decode_split(cfg, laps)
     if decoded is None:
         return None
@@ -189,7 +193,10 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
             "provenance": evaluation_provenance(decoded, precision=cfg.precision)}
     write_report(out, scores, metrics_by_length(refs, hyps), vocabulary_usage(hyps, refs, len(decoded.model.vocab)),
                  grounding, meta, structure=structure)
+    probes = write_probes(out / PROBES_FILE, cfg.probes, decoded.model, decoded.items,
+                          decoded.data_cfg.grounding) if cfg.probes else None
     files = ("results.json", "metrics.json", "predictions.json") + ((ATTENTION_FILE,) if (out / ATTENTION_FILE).is_file() else ())
+    files += (PROBES_FILE,) if probes else ()
     write_provenance(out, meta["provenance"], files)
     laps.lap("report")  # grounding, structure, metrics by length, vocabulary usage, report files
     viewer = None
@@ -204,7 +211,7 @@ def evaluate(cfg: EvaluateConfig) -> dict | None:
     if cfg.precision != "fp32":
         log.warning(LOW_PRECISION_NOTE.format(p=cfg.precision))
     return {"output_dir": str(out), "metrics": scores, "grounding": grounding, "structure": structure,
-            "items": len(decoded.order), "precision": cfg.precision,
+            "probes": probes, "items": len(decoded.order), "precision": cfg.precision,
             "seconds": {k: round(v, 3) for k, v in laps.seconds.items()},
             "cpu_seconds": {k: round(v, 3) for k, v in laps.cpu_seconds.items()}}
 

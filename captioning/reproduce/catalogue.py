@@ -2,7 +2,8 @@
 
 ``conf/reproduce/catalogue.yaml`` lists the FeatureStores, the variants trained on them and the
 claims tested on them; ``conf/reproduce/<protocol>.yaml`` fixes the data seeds, the budget, the
-decoding, the checkpoint selection and the verdict rule.  Both are plain YAML read into the
+decoding, the checkpoint selection and the verdict rule, and may state its own claims (which
+then replace the catalogue's) and the probes its test evaluations run.  Both are plain YAML read into the
 dataclasses below and checked (an unknown store, variant or rule is one line naming it).
 """
 
@@ -20,6 +21,7 @@ from captioning.errors import ConfigError
 REPRODUCE_CONF = Path(CONF_DIR) / "reproduce"
 RULES = ("beats", "at_least", "above_chance", "times_chance", "at_chance", "lead_grows")
 DATASETS = {"shapes": "image", "moving_shapes": "video"}
+METHODS = ("t_interval", "random_effects")  # the verdict's interval (captioning.reproduce.report)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Claim:
     factor: float | None = None
     metric_low: str | None = None
     headline: bool = False
+    confidence: float | None = None  # this claim's interval (e.g. 0.90: a TOST at 5% per side); None: the protocol's
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -78,6 +81,8 @@ class Protocol:
     decode: dict[str, list[str]]  # dataset -> captioning-evaluate decode overrides
     select_on_val: bool = True
     verdict: dict[str, Any] = field(default_factory=lambda: {"confidence": 0.95})
+    probes: list[str] = field(default_factory=list)  # captioning-evaluate probes=[...] on the test split
+    claims: list[dict[str, Any]] | None = None  # the protocol's own claims (None: the catalogue's)
 
     def seeds_for(self, claim: Claim) -> list[int]:
         return list(self.data_seeds["headline" if claim.headline else "other"])
@@ -103,14 +108,26 @@ def load_catalogue(path: str | Path = REPRODUCE_CONF / "catalogue.yaml") -> Cata
         if v["store"] not in stores:
             raise ConfigError(f"{path}: variant {n} reads store {v['store']!r}, which is not in stores")
         variants[n] = Variant(n, stores[v["store"]], int(v["epochs"]), tuple(v["overrides"]))
-    claims = [Claim(**c) for c in raw["claims"]]
+    return Catalogue(stores, variants, read_claims(raw["claims"], variants, path))
+
+
+def read_claims(raw: list[dict[str, Any]], variants: dict[str, Variant], path: str | Path) -> list[Claim]:
+    """Claims from their YAML entries, each checked (its rule known, its variants in the catalogue)."""
+    claims = [Claim(**c) for c in raw]
     for c in claims:
         if c.rule not in RULES:
             raise ConfigError(f"{path}: claim {c.id} has rule {c.rule!r}; use one of {list(RULES)}")
         missing = [v for v in c.variants if v not in variants]
         if missing:
             raise ConfigError(f"{path}: claim {c.id} names variant {missing[0]!r}, which is not in variants")
-    return Catalogue(stores, variants, claims)
+    return claims
+
+
+def claims_of(catalogue: Catalogue, protocol: Protocol) -> list[Claim]:
+    """The claims a protocol tests: its own when it states them, else the catalogue's."""
+    if protocol.claims is None:
+        return catalogue.claims
+    return read_claims(protocol.claims, catalogue.variants, f"conf/reproduce/{protocol.name}.yaml")
 
 
 def load_protocol(name_or_path: str | Path) -> Protocol:
@@ -122,4 +139,6 @@ def load_protocol(name_or_path: str | Path) -> Protocol:
     protocol = Protocol(**raw)
     if set(protocol.data_seeds) != {"headline", "other"}:
         raise ConfigError(f"{path}: data_seeds needs the keys headline and other")
+    if protocol.verdict.get("method", "t_interval") not in METHODS:
+        raise ConfigError(f"{path}: verdict.method={protocol.verdict['method']!r}; use one of {list(METHODS)}")
     return protocol

@@ -2,9 +2,12 @@
 
 ``verdict`` is the pre-registered rule (``conf/reproduce/confirmation.yaml``): per claim, the
 values of the data seeds (paired by data seed when two variants are compared), a two-sided
-t-interval of their mean at the protocol's confidence.  CONFIRMED when the interval clears the
-claim, REFUTED when it lies wholly on the other side, INCONCLUSIVE otherwise; with fewer than two
-data seeds the values are shown without a verdict.
+t-interval of their mean at the protocol's confidence; or, with ``verdict.method:
+random_effects`` (``conf/reproduce/confirmation_probes.yaml``), the probe items of every seed
+pooled by a random-effects meta-analysis (``captioning.reproduce.pooling``).  A claim may carry its
+own confidence (0.90 for an equivalence test: two one-sided tests at 5%).  CONFIRMED when the
+interval clears the claim, REFUTED when it lies wholly on the other side, INCONCLUSIVE otherwise;
+with fewer than two data seeds the values are shown without a verdict.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import numpy as np
 from scipy import stats
 
 from captioning.evaluation.report import plot_metrics_by_length
-from captioning.reproduce.catalogue import Catalogue, Claim, Protocol
+from captioning.reproduce.catalogue import Catalogue, Claim, Protocol, claims_of
+from captioning.reproduce.pooling import claim_pooled
 from captioning.utils.io import atomic_write_text
 
 TABLE = {  # dataset -> (column, metric key, chance key or None)
@@ -106,9 +110,21 @@ def verdict(claim: Claim, interval: Interval | None) -> str:
         "REFUTED" if hi < edge else "INCONCLUSIVE")
 
 
-def _fmt(i: Interval | None, values: Mapping[int, float]) -> str:
+def claim_interval(c: Claim, protocol: Protocol, records: Sequence[Mapping[str, Any]], seeds: Sequence[int],
+                   values: Mapping[int, float]) -> Interval | None:
+    """The interval the protocol's verdict rule reads: a t-interval over the seeds' values, or
+    (``random_effects``) the seeds' probe items pooled."""
+    conf = c.confidence or float(protocol.verdict.get("confidence", 0.95))
+    if protocol.verdict.get("method", "t_interval") == "random_effects":
+        pooled = claim_pooled(c, records, seeds, conf) if len(values) == len(seeds) else None
+        return None if pooled is None else Interval(pooled.mean, pooled.low, pooled.high, pooled.n)
+    return t_interval(list(values.values()), conf)
+
+
+def _fmt(i: Interval | None, values: Mapping[int, float], c: Claim | None = None) -> str:
     if i is not None:
-        return f"{i.mean:.3f} [{i.low:.3f}, {i.high:.3f}] (n={i.n})"
+        own = f", {c.confidence:.0%}" if c is not None and c.confidence else ""
+        return f"{i.mean:.3f} [{i.low:.3f}, {i.high:.3f}] (n={i.n}{own})"
     return " / ".join(f"{v:.3f}" for v in values.values()) + f" (n={len(values)})" if values else "not run"
 
 
@@ -122,22 +138,24 @@ def claims_table(catalogue: Catalogue, protocol: Protocol, records: Sequence[Map
     if development is None:
         lines = [f"| claim | tested quantity | {protocol.name}: value (data seeds) |", "|---|---|---|"]
     else:
-        lines = [f"| claim | tested quantity | {protocol.name}: mean [{conf:.0%} interval] | verdict | development |",
+        what = "pooled" if protocol.verdict.get("method") == "random_effects" else "mean"
+        lines = [f"| claim | tested quantity | {protocol.name}: {what} [{conf:.0%} interval] | verdict | development |",
                  "|---|---|---|---|---|"]
     rows = []
-    for c in sorted(catalogue.claims, key=lambda c: not c.headline):
+    for c in sorted(claims_of(catalogue, protocol), key=lambda c: not c.headline):
         seeds = protocol.seeds_for(c)
         values = claim_values(c, records, seeds)
-        interval = t_interval(list(values.values()), conf)
+        interval = claim_interval(c, protocol, records, seeds, values)
         dev = claim_values(c, development or [], sorted({int(r["data_seed"]) for r in development or []}))
         # the rule is pre-registered for the protocol's seeds: no verdict on part of them
         v = verdict(c, interval) if len(values) == len(seeds) else f"pending ({len(values)} of {len(seeds)} seeds)"
-        cells = [f"{'**' * c.headline}{c.text}{'**' * c.headline}", _quantity(c), _fmt(interval, values)]
+        cells = [f"{'**' * c.headline}{c.text}{'**' * c.headline}", _quantity(c), _fmt(interval, values, c)]
         if development is not None:
             cells += [v, " / ".join(f"{x:.3f}" for x in dev.values()) or "-"]
         lines.append("| " + " | ".join(cells) + " |")
         rows.append({"id": c.id, "headline": c.headline, "verdict": v, "values": values, "development": dev,
-                     **({"interval": vars(interval)} if interval else {})})
+                     **({"interval": vars(interval)} if interval else {}),
+                     "claim": {k: x for k, x in vars(c).items() if x is not None and k not in ("id", "headline")}})
     return lines, rows
 
 
@@ -150,8 +168,10 @@ def _quantity(c: Claim) -> str:
 
 
 def variants_table(records: Sequence[Mapping[str, Any]], data: str) -> list[str]:
-    """Per variant: mean +- sample std over data seeds of each column (chance in brackets)."""
-    cols = TABLE[data]
+    """Per variant: mean +- sample std over data seeds of each column (chance in brackets); the
+    probes' accuracies too where the runs ran probes."""
+    probes = sorted({p for r in records if r["data"] == data for p in r.get("probes") or {}})
+    cols = TABLE[data] + [(f"{p} probe", f"probe_{p}_accuracy", f"chance_probe_{p}_accuracy") for p in probes]
     lines = ["| variant | seeds | " + " | ".join(c for c, _, _ in cols) + " |", "|---|---|" + "---|" * len(cols)]
     for name in dict.fromkeys(r["variant"] for r in records if r["data"] == data):
         cells = []
@@ -165,22 +185,63 @@ def variants_table(records: Sequence[Mapping[str, Any]], data: str) -> list[str]
     return lines
 
 
+def probe_coverage(records: Sequence[Mapping[str, Any]], data: str) -> list[str]:
+    """Per probe and data seed: the test items it could perturb, of all, and the questions asked
+    (the same for every variant of a seed: the perturbations come from the annotations)."""
+    runs = {(p, int(r["data_seed"])): r["probes"][p] for r in records if r["data"] == data
+            for p in r.get("probes") or {}}
+    if not runs:
+        return []
+    seeds = sorted({s for _, s in runs})
+    lines = ["| probe | " + " | ".join(f"d{s}: items (questions)" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for probe in sorted({p for p, _ in runs}):
+        cells = [f"{x['items']} of {x['items_total']} ({x['questions']})" if (x := runs.get((probe, s))) else "-"
+                 for s in seeds]
+        lines.append(f"| {probe} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def seeds_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> list[str]:
+    """Each claim's tested quantity per data seed (the values its interval pools)."""
+    lines = ["| claim | " + " | ".join(f"d{s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for row in rows:
+        cells = [f"{row['values'][s]:.3f}" if s in row["values"] else "-" for s in seeds]
+        lines.append(f"| {row['id']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def provenance_note(records: Sequence[Mapping[str, Any]]) -> str:
+    """The commits the runs were trained at, and which runs were trained from a tree with
+    uncommitted changes (``git_dirty`` in their training provenance)."""
+    commits = sorted({(r.get("train_provenance") or {}).get("git_commit", "?")[:10] for r in records})
+    dirty = [f"{r['variant']}/d{r['data_seed']}" for r in records if (r.get("train_provenance") or {}).get("git_dirty")]
+    note = f"trained at commits {', '.join(commits)}"
+    if dirty:
+        note += (f"; {len(dirty)} of them from a working tree with uncommitted changes, so their code is "
+                 f"that commit plus edits no record keeps: {', '.join(dirty)}")
+    return note
+
+
 def write_report(catalogue: Catalogue, protocol: Protocol, records: Sequence[Mapping[str, Any]], out: Path,
                  development: Sequence[Mapping[str, Any]] | None = None) -> Path:
     """``<out>/<protocol>.md`` (+ ``.json`` with the verdicts) and the by-length figure."""
     claim_lines, rows = claims_table(catalogue, protocol, records, development)
-    commits = sorted({(r.get("train_provenance") or {}).get("git_commit", "?")[:10] for r in records})
     lines = [f"# Reproduction: {protocol.name}", "",
              f"Generated by `python -m captioning.reproduce --protocol {protocol.name} --report` from the "
-             f"{len(records)} per-run records in `runs/{protocol.name}/` (trained at commits {', '.join(commits)}). "
+             f"{len(records)} per-run records in `runs/{protocol.name}/` ({provenance_note(records)}). "
              f"Protocol: `conf/reproduce/{protocol.name}.yaml`; catalogue: `conf/reproduce/catalogue.yaml`. "
              f"Data seeds: headline claims {protocol.data_seeds['headline']}, the rest {protocol.data_seeds['other']}; "
              f"{protocol.budget['images']} images / {protocol.budget['videos']} videos; LSTM {protocol.budget['hidden']}-d; "
              f"test split; checkpoint {'selected on val' if protocol.select_on_val else 'best by val CIDEr'}.", "",
              "## Claims (headline in bold)", "", *claim_lines, ""]
+    seeds = sorted({s for k in ("headline", "other") for s in protocol.data_seeds[k]})
+    if development is not None:
+        lines += ["## Tested quantity per data seed", "", *seeds_table(rows, seeds), ""]
     for data, title in (("shapes", "shapes (images)"), ("moving_shapes", "moving_shapes (videos)")):
         if any(r["data"] == data for r in records):
             lines += [f"## {title}: mean ± std over data seeds (chance)", "", *variants_table(records, data), ""]
+            coverage = probe_coverage(records, data)
+            lines += [f"Test items each probe could perturb, {title}:", "", *coverage, ""] if coverage else []
     figure = plot_by_length(records, out / f"{protocol.name}_by_length.png")
     if figure:
         lines += [f"![BLEU-4 and CIDEr by reference length]({figure.name})", ""]

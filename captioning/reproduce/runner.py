@@ -20,7 +20,7 @@ from typing import Any
 from captioning.evaluation.grounding import coverage_entropy
 from captioning.predictions import read_predictions
 from captioning.provenance import provenance
-from captioning.reproduce.catalogue import Catalogue, Protocol, Variant
+from captioning.reproduce.catalogue import Catalogue, Protocol, Variant, claims_of
 from captioning.utils.io import atomic_write_json, read_json
 
 #: report.json keys kept per run (structure and grounding on the synthetic data)
@@ -48,7 +48,7 @@ def needed(catalogue: Catalogue, protocol: Protocol, only: Iterable[str] | None 
     """data seed -> the variants its claims need (headline claims' first), in catalogue order."""
     wanted = set(only) if only else None
     out: dict[int, list[Variant]] = {}
-    for claim in sorted(catalogue.claims, key=lambda c: not c.headline):
+    for claim in sorted(claims_of(catalogue, protocol), key=lambda c: not c.headline):
         if headline_only and not claim.headline:
             continue
         for seed in protocol.seeds_for(claim):
@@ -114,10 +114,12 @@ class Runner:
         return path
 
     def evaluate(self, ckpt: str, split: str, data: str, ev: Path) -> dict:
-        if not (ev / "metrics.json").is_file():
+        """The split decoded under the protocol's decoding; the test split also runs its probes."""
+        probes = self.protocol.probes if split == "test" else []
+        if not (ev / "metrics.json").is_file() or (probes and not (ev / "probes.json").is_file()):
             self.cli("evaluate", f"ckpt_path={ckpt}", f"split={split}", *self.protocol.decode[data],
                      "metrics=[bleu,rouge,cider]", f"output_dir={ev}", "trainer.enable_progress_bar=false",
-                     f"hydra.run.dir={ev}_hydra")
+                     *([f"probes=[{','.join(probes)}]"] if probes else []), f"hydra.run.dir={ev}_hydra")
         return read_json(ev / "metrics.json", f"{split} metrics")
 
     def select_checkpoint(self, run: Path, summary: dict, data: str) -> tuple[str, dict[str, float]]:
@@ -143,6 +145,9 @@ class Runner:
         bins = [b for b in report.get("by_length") or [] if b.get("count") and b.get("Bleu_4") is not None]
         if bins:  # Bahdanau et al.'s figure, reduced to its two ends
             values["Bleu_4_shortest"], values["Bleu_4_longest"] = bins[0]["Bleu_4"], bins[-1]["Bleu_4"]
+        probes = probe_records(ev, self.protocol.probes)
+        for name, p in probes.items():  # accuracy and its exact chance, as the claims read them
+            values[f"probe_{name}_accuracy"], values[f"chance_probe_{name}_accuracy"] = p["accuracy"], p["chance"]
         values = {k: (None if isinstance(x, float) and math.isnan(x) else x) for k, x in values.items()}
         return {
             "protocol": self.protocol.name, "variant": v.name, "data": v.data, "data_seed": seed, "seed": seed,
@@ -151,5 +156,14 @@ class Runner:
             "metrics": values,
             "by_length": [{k: b.get(k) for k in ("bin", "count", "Bleu_4", "CIDEr") if k in b} for b in bins],
             "fingerprint": summary.get("fingerprint"), "train_provenance": summary.get("provenance"),
-            "provenance": provenance(), "seconds": seconds,
+            "provenance": provenance(), "seconds": seconds, **({"probes": probes} if probes else {}),
         }
+
+
+def probe_records(ev: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each probe's summary from ``probes.json`` (per item: questions, credit, chance sum; the
+    clusters), without the questions themselves."""
+    if not names:
+        return {}
+    data = read_json(ev / "probes.json", "probe results")["probes"]
+    return {n: {k: v for k, v in data[n].items() if k not in ("probe", "questions_asked")} for n in names}

@@ -1,0 +1,75 @@
+"""Every published number from a committed record: the reproduction's reports regenerate byte for
+byte from the per-run records in docs/results/runs/ (nothing trained: the report code only), an
+edited record changes them, and every decimal number of README's Results is a value of a
+docs/results/confirmation*.json report."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from captioning.reproduce.catalogue import load_catalogue, load_protocol
+from captioning.reproduce.report import load_records, write_report
+
+RESULTS = REPO / "docs" / "results"
+PROTOCOLS = sorted(p.stem for p in RESULTS.glob("*.json"))
+
+
+def regenerate(name: str, runs: Path, out: Path) -> Path:
+    """What ``python -m captioning.reproduce --protocol <name> --report`` writes, into ``out``."""
+    development = load_records(runs / "development") if name != "development" else None
+    return write_report(load_catalogue(), load_protocol(name), load_records(runs / name), out, development)
+
+
+def test_the_committed_reports_are_the_protocols():
+    assert {"development", "confirmation", "confirmation_probes"} <= set(PROTOCOLS)
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_a_report_regenerates_byte_for_byte_from_the_committed_records(name, tmp_path):
+    path = regenerate(name, RESULTS / "runs", tmp_path)
+    for suffix in (".md", ".json"):
+        assert path.with_suffix(suffix).read_bytes() == (RESULTS / f"{name}{suffix}").read_bytes(), (
+            f"docs/results/{name}{suffix} is not what its records give: regenerate it with "
+            f"python -m captioning.reproduce --protocol {name} --report")
+
+
+def test_an_edited_record_changes_the_report(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("development", "confirmation"):
+        shutil.copytree(RESULTS / "runs" / name, runs / name)
+    record = runs / "confirmation" / "soft_14x14" / "d1.json"
+    data = json.loads(record.read_text())
+    data["metrics"]["CIDEr"] += 0.01
+    record.write_text(json.dumps(data))
+    path = regenerate("confirmation", runs, tmp_path / "out")
+    assert path.read_bytes() != (RESULTS / "confirmation.md").read_bytes()
+
+
+def _numbers(obj) -> list[float]:
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in _numbers(v)]
+    if isinstance(obj, list):
+        return [x for v in obj for x in _numbers(v)]
+    return [float(obj)] if isinstance(obj, (int, float)) and not isinstance(obj, bool) else []
+
+
+def readme_results() -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    return text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_number_in_readme_results_is_in_the_confirmation_reports():
+    values = [x for p in RESULTS.glob("confirmation*.json") for x in _numbers(json.loads(p.read_text()))]
+    missing = []
+    for number in re.findall(r"(?<![\w.])[-+]?\d+\.\d+", readme_results()):
+        places = len(number.split(".")[1])
+        if not any(f"{v:+.{places}f}".lstrip("+") == number.lstrip("+") or
+                   f"{v:.{places}f}" == number for v in values):
+            missing.append(number)
+    assert not missing, f"README Results quotes numbers no confirmation*.json holds: {missing}"
