@@ -8,6 +8,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import make_tiny_image_dataset
@@ -81,6 +82,9 @@ def test_predictions_hold_word_log_probs_and_attention_that_reads_back(tiny, tmp
     decoded = decode_split(cfg, Laps())  # the same captions in memory, attention in float32
     in_memory = [{"attention": decoded.predictions[i]["attention"]} for i in decoded.order]
     assert [p["tokens"] for p in back] == [decoded.predictions[i]["tokens"] for i in decoded.order]
+    for p, m in zip(back, in_memory, strict=True):  # each item's own rows: float16, each weight to 2^-11
+        np.testing.assert_allclose(p["attention"], np.asarray(m["attention"], dtype=np.float32), rtol=2.0**-11,
+                                   atol=1e-7)
     # the reproduction records' statistic from the float16 file equals the float32 one
     assert coverage_entropy(back) == pytest.approx(coverage_entropy(in_memory), abs=1e-3)
 
