@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from captioning.errors import ConfigError
 
-__all__ = ["PositionCode", "axis_split", "layout_from_meta", "sinusoid"]
+__all__ = ["PositionCode", "axis_split", "build_position_code", "layout_from_meta", "sinusoid"]
 
 CODES = ("none", "sinusoidal", "learned")
 MODES = ("concat", "add")
@@ -116,6 +116,22 @@ class PositionCode(nn.Module):
             )
         code = self.codes().to(values.dtype).unsqueeze(0).expand(b, n, -1)
         return torch.cat([values, code], -1) if self.mode == "concat" else values + code
+
+
+def build_position_code(layout: Sequence[int] | None, feature_dim: int, code: str, mode: str,
+                        dim: int) -> PositionCode | None:
+    """A decoder's position code of its ``feature_dim``-channel annotation vectors (the
+    ``model.position_code``/``position_mode``/``position_dim`` keys); None for ``code="none"``.
+
+    ``layout``: the decoder's (``layout_from_meta``); a code needs one, and region features have none.
+    """
+    if code == "none":
+        return None
+    if layout is None:
+        raise ConfigError("model.position_code needs the layout of the features (grid or frames) "
+                          "from the feature store meta, which region features have not; "
+                          "set model.position_code=none")
+    return PositionCode(layout, feature_dim, code, mode, dim)
 
 
 def _broadcast(parts: list[Tensor], layout: tuple[int, ...]) -> list[Tensor]:
