@@ -114,6 +114,15 @@ def test_errors_name_the_key() -> None:
         PositionCode((2, 2), 4, mode="multiply")
     with pytest.raises(ConfigError, match="do not match"):
         PositionCode((2, 2), 4)(torch.zeros(1, 5, 4))
+    # 2 channels per axis at least: 5 over 3 axes would leave two of them none (5//3//2*2 = 0)
+    with pytest.raises(ConfigError, match="position_mode=add with 5-channel features is too small for 3 axes"):
+        PositionCode((2, 1, 2), 5, code="learned", mode="add")
+    with pytest.raises(ConfigError, match="model.position_dim=3 is too small for 2 axes"):
+        PositionCode((2, 2), 4, dim=3)
+    assert PositionCode((2, 1, 2), 6, mode="add").codes().shape == (4, 6)
+    with pytest.raises(ConfigError, match="model.position_dim=1 is too small for 1 axes"):
+        PositionCode((5,), 4, dim=1)
+    assert PositionCode((5,), 4, dim=2).codes().shape == (5, 2)
 
 
 def test_layout_from_store_meta() -> None:

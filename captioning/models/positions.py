@@ -84,10 +84,12 @@ class PositionCode(nn.Module):
             raise ConfigError(f"position code: layout {list(layout)} must be positive axis sizes")
         self.mode = mode
         width = dim if mode == "concat" else feature_dim
-        if width < len(self.layout):
-            raise ConfigError(f"model.position_dim={width} is too small for {len(self.layout)} axes")
-        self.out_dim = feature_dim + width if mode == "concat" else feature_dim
         sizes = axis_split(width, len(self.layout))
+        if min(sizes) < 2:  # a sine and a cosine per axis at least (axis_split gives 0 below 2 per axis)
+            what = (f"model.position_dim={width}" if mode == "concat"
+                    else f"position_mode=add with {width}-channel features")
+            raise ConfigError(f"{what} is too small for {len(self.layout)} axes (2 channels per axis at least)")
+        self.out_dim = feature_dim + width if mode == "concat" else feature_dim
         if code == "sinusoidal":
             parts = [sinusoid(torch.arange(n), d) for n, d in zip(self.layout, sizes, strict=True)]
             self.register_buffer("tables", torch.cat(_broadcast(parts, self.layout), 1), persistent=False)
