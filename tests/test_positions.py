@@ -9,7 +9,12 @@ import torch
 
 from captioning.errors import ConfigError
 from captioning.models.decoders import build_decoder
-from captioning.models.positions import PositionCode, layout_from_meta, sinusoid
+from captioning.models.positions import (
+    PositionCode,
+    build_position_code,
+    layout_from_meta,
+    sinusoid,
+)
 
 
 def test_sinusoid_hand_computed() -> None:
@@ -21,6 +26,58 @@ def test_sinusoid_hand_computed() -> None:
     ])
     torch.testing.assert_close(code, expected)
     assert sinusoid(torch.arange(3), 5).shape == (3, 5)
+
+
+def _grid_2x2_codes() -> torch.Tensor:
+    """By hand: a 2x2 grid, 8 code channels -> 4 per axis, frequencies 1 and 1/100; the code of
+    cell (r, c) is [sin r, cos r, sin r/100, cos r/100, sin c, cos c, sin c/100, cos c/100]."""
+    zero = [0.0, 1.0, 0.0, 1.0]
+    one = [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)]
+    return torch.tensor([zero + zero, zero + one, one + zero, one + one])  # row-major: (0,0) (0,1) (1,0) (1,1)
+
+
+def _three_frames_codes() -> torch.Tensor:
+    """By hand: 3 frames, 6 code channels -> frequencies 10000^(-i/3), i = 0, 1, 2."""
+    freqs = [1.0, 10000 ** (-1 / 3), 10000 ** (-2 / 3)]
+    return torch.tensor([[f(t * w) for w in freqs for f in (math.sin, math.cos)] for t in range(3)])
+
+
+def test_grid_and_time_codes_hand_computed() -> None:
+    grid = build_position_code((2, 2), 3, "sinusoidal", "concat", 8)
+    torch.testing.assert_close(grid.codes(), _grid_2x2_codes())
+    assert grid.out_dim == 11
+    frames = build_position_code((3,), 6, "sinusoidal", "add", 64)  # add: as many channels as the features
+    torch.testing.assert_close(frames.codes(), _three_frames_codes())
+    assert frames.out_dim == 6
+
+
+def test_build_position_code_none_and_the_missing_layout() -> None:
+    assert build_position_code((2, 2), 3, "none", "concat", 8) is None
+    assert build_position_code(None, 3, "none", "concat", 8) is None
+    with pytest.raises(ConfigError, match="which region features have not; set model.position_code=none"):
+        build_position_code(None, 3, "learned", "concat", 8)
+
+
+def test_the_decoders_attend_over_hand_computed_codes() -> None:
+    """Both decoders' annotation vectors carry the codes computed by hand: the LSTM's values are
+    ``[a_i ; p_i]`` (concat, 2x2 grid), the Transformer's memory is ``W_m (a_i + p_i)`` (add, 3 frames)."""
+    torch.manual_seed(0)
+    lstm = build_decoder(_small(variant="soft_attention", position_code="sinusoidal", position_dim=8), 10, 3,
+                         layout=(2, 2)).eval()
+    feats = torch.randn(2, 4, 3)
+    memory, _ = lstm._memory(feats, None)
+    torch.testing.assert_close(memory["values"], torch.cat([feats, _grid_2x2_codes().expand(2, 4, 8)], -1))
+
+    torch.manual_seed(0)
+    tf = build_decoder({"name": "transformer", "d_model": 8, "num_heads": 2, "num_layers": 1, "ff_dim": 16,
+                        "dropout": 0.0, "position_code": "sinusoidal", "position_mode": "add"}, 10, 6,
+                       layout=(3,)).eval()
+    frames = torch.randn(2, 3, 6)
+    with torch.no_grad():
+        memory = tf._memory(frames, None)
+        keys, values = tf.layers[0].memory_kv(tf.memory_proj(frames + _three_frames_codes()))
+    torch.testing.assert_close(memory["k0"], keys)
+    torch.testing.assert_close(memory["v0"], values)
 
 
 def test_grid_code_shape_and_row_major_axes() -> None:
@@ -57,6 +114,15 @@ def test_errors_name_the_key() -> None:
         PositionCode((2, 2), 4, mode="multiply")
     with pytest.raises(ConfigError, match="do not match"):
         PositionCode((2, 2), 4)(torch.zeros(1, 5, 4))
+    # 2 channels per axis at least: 5 over 3 axes would leave two of them none (5//3//2*2 = 0)
+    with pytest.raises(ConfigError, match="position_mode=add with 5-channel features is too small for 3 axes"):
+        PositionCode((2, 1, 2), 5, code="learned", mode="add")
+    with pytest.raises(ConfigError, match="model.position_dim=3 is too small for 2 axes"):
+        PositionCode((2, 2), 4, dim=3)
+    assert PositionCode((2, 1, 2), 6, mode="add").codes().shape == (4, 6)
+    with pytest.raises(ConfigError, match="model.position_dim=1 is too small for 1 axes"):
+        PositionCode((5,), 4, dim=1)
+    assert PositionCode((5,), 4, dim=2).codes().shape == (5, 2)
 
 
 def test_layout_from_store_meta() -> None:

@@ -55,7 +55,7 @@ from captioning.data.records import CaptionRecord
 from captioning.data.tokenizer import tokenize
 from captioning.data.vocab import BOS, EOS, SPECIALS, UNK, Vocabulary, no_training_captions
 from captioning.errors import DataError
-from captioning.utils.io import atomic_write, stream_sha256
+from captioning.utils.io import atomic_write, file_sha256, stream_sha256
 
 log = logging.getLogger(__name__)
 
@@ -302,8 +302,7 @@ def inputs_hash(cfg: DataConfig) -> str:
         if cfg.annotations[key]:
             h.update(f"\0{key}\0".encode())
             try:
-                with open(cfg.annotations[key], "rb") as f:
-                    h.update(stream_sha256(f).encode())
+                h.update(file_sha256(cfg.annotations[key]).encode())
             except OSError:
                 h.update(b"unreadable")  # the reader reports it
     if cfg.kind == "video":

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from captioning.errors import ConfigError
 
-__all__ = ["PositionCode", "axis_split", "layout_from_meta", "sinusoid"]
+__all__ = ["PositionCode", "axis_split", "build_position_code", "layout_from_meta", "sinusoid"]
 
 CODES = ("none", "sinusoidal", "learned")
 MODES = ("concat", "add")
@@ -84,10 +84,12 @@ class PositionCode(nn.Module):
             raise ConfigError(f"position code: layout {list(layout)} must be positive axis sizes")
         self.mode = mode
         width = dim if mode == "concat" else feature_dim
-        if width < len(self.layout):
-            raise ConfigError(f"model.position_dim={width} is too small for {len(self.layout)} axes")
-        self.out_dim = feature_dim + width if mode == "concat" else feature_dim
         sizes = axis_split(width, len(self.layout))
+        if min(sizes) < 2:  # a sine and a cosine per axis at least (axis_split gives 0 below 2 per axis)
+            what = (f"model.position_dim={width}" if mode == "concat"
+                    else f"position_mode=add with {width}-channel features")
+            raise ConfigError(f"{what} is too small for {len(self.layout)} axes (2 channels per axis at least)")
+        self.out_dim = feature_dim + width if mode == "concat" else feature_dim
         if code == "sinusoidal":
             parts = [sinusoid(torch.arange(n), d) for n, d in zip(self.layout, sizes, strict=True)]
             self.register_buffer("tables", torch.cat(_broadcast(parts, self.layout), 1), persistent=False)
@@ -116,6 +118,22 @@ class PositionCode(nn.Module):
             )
         code = self.codes().to(values.dtype).unsqueeze(0).expand(b, n, -1)
         return torch.cat([values, code], -1) if self.mode == "concat" else values + code
+
+
+def build_position_code(layout: Sequence[int] | None, feature_dim: int, code: str, mode: str,
+                        dim: int) -> PositionCode | None:
+    """A decoder's position code of its ``feature_dim``-channel annotation vectors (the
+    ``model.position_code``/``position_mode``/``position_dim`` keys); None for ``code="none"``.
+
+    ``layout``: the decoder's (``layout_from_meta``); a code needs one, and region features have none.
+    """
+    if code == "none":
+        return None
+    if layout is None:
+        raise ConfigError("model.position_code needs the layout of the features (grid or frames) "
+                          "from the feature store meta, which region features have not; "
+                          "set model.position_code=none")
+    return PositionCode(layout, feature_dim, code, mode, dim)
 
 
 def _broadcast(parts: list[Tensor], layout: tuple[int, ...]) -> list[Tensor]:

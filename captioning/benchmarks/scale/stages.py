@@ -1,15 +1,15 @@
-"""The stages of ``captioning-bench scale`` (see the package docstring): each a generator of records."""
+"""The stages of ``captioning-bench scale`` (see the package docstring): each a generator of records.
+
+``memory`` and ``ddp``, which measure in new processes, are in ``captioning.benchmarks.scale.process_stages``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,7 +22,8 @@ import torch
 from omegaconf import OmegaConf
 
 from captioning.benchmarks import train as train_bench
-from captioning.benchmarks.scale import disk, loading, memory, synthetic
+from captioning.benchmarks.scale import disk, loading, synthetic
+from captioning.benchmarks.scale.process_stages import ProcessStages
 from captioning.config import CONF_DIR, TrainerConfig
 from captioning.data.caption_table import build_table, caption_table, table_path
 from captioning.data.datamodule import CaptionDataModule, CaptionTrainDataset
@@ -34,7 +35,6 @@ from captioning.train.module import CaptioningModule
 from captioning.utils.io import atomic_write_json, read_json
 
 GB = 1e9
-MB = 2**20
 INDEX_BYTES_PER_ITEM = 64  # shard index json per item, generous (ids, valid, null frame indices)
 CAPTION_FILE_BYTES = 200  # split-file bytes per caption, generous
 
@@ -55,7 +55,7 @@ def _rate(n: float, seconds: float) -> float:
 
 
 @dataclass
-class Scale:
+class Scale(ProcessStages):
     """One run: where its files are, the shape it runs at, the limits measured so far."""
 
     args: argparse.Namespace
@@ -294,94 +294,6 @@ class Scale:
                                   batch_size=self.args.batch_size, steps=self.args.steps, **extra, **r,
                                   device_read_per_byte=round(read_amp, 2), threads=torch.get_num_threads(),
                                   pin_memory=torch.cuda.is_available())
-
-    # ------------------------------------------------------------------ memory
-    def _small(self) -> tuple[Path, Path, int]:
-        """A store of the first ``--memory-items`` items (rounded up to whole shards: hard links to the
-        full store's shards) and its split file."""
-        shards = self.shards
-        rows = [len(read_json(p.with_suffix("").with_suffix(".index.json"), "index")["ids"]) for p in shards]
-        keep = int(np.searchsorted(np.cumsum(rows), self.args.memory_items) + 1)
-        n = int(sum(rows[:keep]))
-        small = self.root / "store-small"
-        ann = small / "annotations" / "dataset_coco.json"
-        if not (small / "n.json").is_file() or read_json(small / "n.json", "n").get("items") != n:
-            shutil.rmtree(small, ignore_errors=True)
-            (small / "store" / "shards").mkdir(parents=True)
-            shutil.copy(self.store / "meta.json", small / "store" / "meta.json")
-            for p in shards[:keep]:
-                for f in (p, p.with_suffix("").with_suffix(".index.json")):
-                    os.link(f, small / "store" / "shards" / f.name)
-            full = json.loads(self.annotations_path.read_text())
-            kept = {synthetic.item_id(i) for i in range(n)}
-            full["images"] = [im for im in full["images"] if str(im["cocoid"]) in kept]
-            ann.parent.mkdir(parents=True)
-            ann.write_text(json.dumps(full))
-            atomic_write_json(small / "n.json", {"items": n})
-        return small / "store", ann, n
-
-    def _probe(self, store: Path, ann: Path, batches: int, workers: int, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "captioning.benchmarks.scale.memory", "--store", str(store),
-                "--annotations", str(ann), "--batches", str(batches), "--workers", str(workers),
-                "--batch-size", str(self.args.batch_size), *extra]
-
-    def memory(self) -> Iterator[dict[str, Any]]:
-        """Peak RSS / PSS of the input path at ``--memory-items`` and at full size, each in a new process."""
-        small, small_ann, n_small = self._small()
-        runs = {}
-        for label, store, ann, n in (("small", small, small_ann, n_small),
-                                     ("full", self.store, self.annotations_path, self.total)):
-            self._evict()
-            cmd = self._probe(store, ann, self.args.memory_batches, self.args.memory_workers)
-            out = subprocess.run(cmd, capture_output=True, text=True)
-            if out.returncode:
-                raise RuntimeError(f"memory probe {' '.join(cmd)} failed:\n{out.stderr[-3000:]}")
-            runs[label] = {**json.loads(out.stdout.strip().splitlines()[-1]), "store_items": n}
-        s, f = runs["small"], runs["full"]
-        common = {"workers": self.args.memory_workers, "items_small": s["store_items"],
-                  "batches": self.args.memory_batches or "epoch", "ratio_limit": 1.10}
-        figures = {
-            "peak_rss_main": (lambda r: r["main"]["VmHWM"], "VmHWM of the main process"),
-            "pss_total": (lambda r: r["pss_total_mb"], "PSS of main + workers after the last batch"),
-            "uss_workers": (lambda r: round(sum(p["Uss"] for p in r["processes"][1:]), 1),
-                            "private memory (USS) of the workers after the last batch"),
-            "store_mapped": (lambda r: r["store_rss_total_mb"],
-                             "RSS of memory-mapped shard pages, main + workers, after the last batch"),
-        }
-        for name, (get, note) in figures.items():
-            ratio = round(get(f) / max(get(s), 1e-9), 3)
-            yield self.record(f"memory/{name}", "MiB", get(f), at_small=get(s), ratio=ratio,
-                              samples_small=s["samples"], samples_full=f["samples"],
-                              seconds_small=s["batches_s"], seconds_full=f["batches_s"], note=note, **common)
-
-    def ddp(self) -> Iterator[dict[str, Any]]:
-        """``--ddp-pss`` ranks read their shares of the same store; each one's RSS and PSS while all live."""
-        world = self.args.ddp_pss
-        if world < 2:
-            return
-        self._evict()
-        procs = [subprocess.Popen(self._probe(self.store, self.annotations_path, self.args.ddp_batches, 0, "--rank",
-                                              str(r), "--world", str(world), "--hold"),
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for r in range(world)]
-        try:
-            results = [json.loads(p.stdout.readline()) for p in procs]
-            mems = [memory.rollup(p.pid) | memory.status(p.pid) | memory.mapped(p.pid, self.store) for p in procs]
-        finally:
-            for p in procs:  # let them go
-                if p.stdin:
-                    p.stdin.write("\n")
-                    p.stdin.close()
-                p.wait(timeout=120)
-        rss, pss = sum(m["Rss"] for m in mems), sum(m["Pss"] for m in mems)
-        ranks = [{"rss": m["Rss"], "pss": m["Pss"], "uss": m["Uss"], "rss_anon": m["RssAnon"],
-                  "store_rss": m["store_rss"], "store_pss": m["store_pss"], "feature_mb": round(r["feature_bytes"] / MB, 1)}
-                 for m, r in zip(mems, results, strict=True)]
-        store_rss, store_pss = sum(r["store_rss"] for r in ranks), sum(r["store_pss"] for r in ranks)
-        yield self.record("ddp_pss", "MiB", round(pss, 1), rss_sum=round(rss, 1), pss_over_rss=round(pss / rss, 3),
-                          store_rss_sum=round(store_rss, 1), store_pss_sum=round(store_pss, 1), ranks=ranks,
-                          batches_per_rank=self.args.ddp_batches, world=world,
-                          note="PSS counts a page mapped by k processes 1/k in each; store_*: the mapped shard pages; "
-                               "feature_mb: feature bytes each rank read")
 
     # ------------------------------------------------------------------ evaluate
     def _checkpoint(self, path: Path) -> Path:

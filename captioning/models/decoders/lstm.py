@@ -50,7 +50,7 @@ from captioning.models.decoders import lstm_forcing as forcing
 from captioning.models.decoders import register_decoder
 from captioning.models.decoders.base import CaptionDecoder, DecoderState
 from captioning.models.decoders.lstm_step import LSTMStep, precision, score_mask
-from captioning.models.positions import CODES, MODES, PositionCode
+from captioning.models.positions import CODES, MODES, PositionCode, build_position_code
 from captioning.models.residual import CENTRES, Residual
 
 __all__ = ["LSTMConfig", "LSTMDecoder", "VARIANTS"]
@@ -155,13 +155,9 @@ class LSTMDecoder(CaptionDecoder):
         self.residual = Residual(enc_dim, cfg.residual) if (attends and cfg.residual != "none") else None
         att_in = 2 * enc_dim if self.residual is not None else enc_dim
         self.position: PositionCode | None = None
-        if attends and cfg.position_code != "none":
-            if self.layout is None:
-                raise ConfigError("model.position_code needs the layout of the features (grid or frames) "
-                                  "from the feature store meta, which region features have not; "
-                                  "set model.position_code=none")
-            self.position = PositionCode(self.layout, att_in, cfg.position_code, cfg.position_mode,
-                                         cfg.position_dim)
+        if attends:
+            self.position = build_position_code(self.layout, att_in, cfg.position_code, cfg.position_mode,
+                                                cfg.position_dim)
         ctx_dim = self.position.out_dim if self.position is not None else att_in
         self.context_dim = ctx_dim
 

@@ -44,7 +44,7 @@ from captioning.models.decoders.base import (
     teacher_forcing_targets,
     token_cross_entropy,
 )
-from captioning.models.positions import CODES, MODES, PositionCode, sinusoid
+from captioning.models.positions import CODES, MODES, build_position_code, sinusoid
 
 __all__ = ["TransformerConfig", "TransformerDecoder"]
 
@@ -141,14 +141,8 @@ class TransformerDecoder(CaptionDecoder):
                  layout: tuple[int, ...] | None = None, pad_id: int = 0) -> None:
         super().__init__(cfg, vocab_size, feature_dim, layout, pad_id)
         d = cfg.d_model
-        self.position: PositionCode | None = None
-        if cfg.position_code != "none":
-            if self.layout is None:
-                raise ConfigError("model.position_code needs the layout of the features (grid or frames) "
-                                  "from the feature store meta, which region features have not; "
-                                  "set model.position_code=none")
-            self.position = PositionCode(self.layout, feature_dim, cfg.position_code, cfg.position_mode,
-                                         cfg.position_dim)
+        self.position = build_position_code(self.layout, feature_dim, cfg.position_code, cfg.position_mode,
+                                            cfg.position_dim)
         in_dim = self.position.out_dim if self.position is not None else feature_dim
         self.memory_proj = nn.Sequential(nn.Linear(in_dim, d), nn.LayerNorm(d))  # m = W_m a
         self.embedding = nn.Embedding(self.vocab_size, d, padding_idx=self.pad_id)
