@@ -15,7 +15,7 @@ from typing import Any
 __version__ = "0.1.0"
 __all__ = ["CaptionResult", "Captioner", "__version__"]
 
-_LAZY = {"Captioner": "captioning.caption.api", "CaptionResult": "captioning.caption.api"}
+_LAZY = {"Captioner": "captioning.caption.api", "CaptionResult": "captioning.caption.result"}
 
 
 def __getattr__(name: str) -> Any:

@@ -106,21 +106,6 @@ class TrainerConfig:
         return args
 
 
-def checkpoint_data_config(train_cfg: Mapping[str, Any], data_root: str | None = None) -> DataConfig:
-    """The ``DataConfig`` a checkpoint was trained with (``train_cfg``: its ``hparams["config"]``).
-
-    ``data_root``: the dataset moved there since; paths under the old ``data.root`` move with it.
-    """
-    data = dict(train_cfg["data"])
-    if data_root is not None:
-        old = data["root"]
-        data = {k: (v.replace(old, data_root, 1) if isinstance(v, str) and v.startswith(old) else v)
-                for k, v in data.items()}
-        data["annotations"] = {k: v.replace(old, data_root, 1) for k, v in data["annotations"].items()}
-        data["root"] = data_root
-    return DataConfig(**data)
-
-
 def register_schema(name: str, schema: type) -> None:
     """Register a job's dataclass schema with Hydra's ConfigStore.
 

@@ -15,7 +15,7 @@ from conftest import make_tiny_image_dataset
 from test_caption_cli import save_checkpoint
 from torch.utils.data import DataLoader
 
-from captioning.config import DataConfig, TrainerConfig, checkpoint_data_config
+from captioning.config import DataConfig, TrainerConfig
 from captioning.data.datamodule import CaptionEvalDataset, collate
 from captioning.data.vocab import Vocabulary
 from captioning.errors import ConfigError
@@ -25,6 +25,7 @@ from captioning.models.search import DecodeConfig
 from captioning.predictions import read_predictions
 from captioning.store.feature_store import FeatureStore
 from captioning.train.checkpoint import load_captioner
+from captioning.train.inputs import checkpoint_data_config
 
 
 @pytest.fixture(scope="module")

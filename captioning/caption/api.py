@@ -28,7 +28,6 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +35,10 @@ import numpy as np
 import torch
 
 from captioning.caption.inputs import MediaInput, collect_inputs, limit_media
-from captioning.config import checkpoint_data_config, unknown_keys
+from captioning.caption.result import AttentionLayout, CaptionResult, hwc
+from captioning.config import unknown_keys
 from captioning.data.annotations import read_dataset
-from captioning.errors import CheckpointError, ConfigError, DataError
+from captioning.errors import ConfigError, DataError
 from captioning.features.featurize import (
     Featurized,
     display_crop,
@@ -47,58 +47,13 @@ from captioning.features.featurize import (
 )
 from captioning.models.decoding import decoding_autocast
 from captioning.models.search import DecodeConfig, decode_batch
-from captioning.store.streams import open_features, stream_metas
-from captioning.train.checkpoint import check_compatible, load_captioner, load_ensemble
+from captioning.store.streams import stream_metas
+from captioning.train.checkpoint import load_captioner, load_ensemble
 from captioning.train.finetune import FinetuneModule
+from captioning.train.inputs import checkpoint_inputs
 from captioning.viz.gallery import error_line
-from captioning.viz.heatmaps import plot_result
 
 log = logging.getLogger("captioning.caption")
-
-
-@dataclass
-class CaptionResult:
-    """The caption of one input and the attention that emitted each of its words.
-
-    attention: float64 ``[T, H*W]`` for an image (row-major over the feature grid,
-    ``attention_shape = [H, W]``) or ``[T, K]`` for a video (one weight per sampled frame,
-    ``attention_shape = [K]``, the frames' numbers in ``frame_indices``); row ``t`` holds the
-    weights used to emit ``tokens[t]``.  ``has_attention`` is False for models without
-    attention (uniform weights are reported).  ``image``: the crop the model saw, uint8
-    ``[S, S, 3]`` or ``[K, S, S, 3]`` (None for features given without pixels).  Image regions
-    (features imported from a detector, ``captioning-import``): ``attention`` [T, n] over the n
-    real regions, ``attention_shape = [n]``, ``boxes`` [n, 4] their pixel boxes (x1, y1, x2, y2)
-    in an image of ``image_size`` (W, H) when the store has them, ``image`` the whole image.  An
-    input that failed has ``error`` (one line) and no caption.
-    """
-
-    input: str
-    kind: str  # image | video
-    caption: str = ""
-    tokens: list[str] = field(default_factory=list)
-    attention: np.ndarray | None = None
-    attention_shape: list[int] = field(default_factory=list)
-    frame_indices: list[int] | None = None
-    score: float | None = None  # the beam's ranking score (summed log-probs, length-normalised if set)
-    token_log_probs: list[float] = field(default_factory=list)  # each word's log-prob, then <eos>'s
-    nbest: list[tuple[str, float]] = field(default_factory=list)  # (caption, score), best first, when decode
-    # asks for several (n_best > 1, diverse groups, num_samples > 1); empty otherwise
-    has_attention: bool = True
-    hard_attention: bool = False  # the model attends to one location per word (figures mark it)
-    image: np.ndarray | None = field(default=None, repr=False)
-    path: str | None = None
-    error: str | None = None
-    boxes: np.ndarray | None = field(default=None, repr=False)
-    image_size: list[int] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def figure(self, path: str | Path, **kwargs: Any) -> Path:
-        """Save this caption's attention figure (PNG, or JPEG/PDF/SVG by the path's suffix;
-        ``captioning.viz.heatmaps.plot_result``)."""
-        return plot_result(self, path, **kwargs)
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
@@ -132,15 +87,6 @@ def marks_hard_attention(module: Any) -> bool:
     return bool(module.decoder.hard_attention)
 
 
-def _hwc(pixels: torch.Tensor | None) -> np.ndarray | None:
-    """uint8 [3,S,S] -> [S,S,3] or [K,3,S,S] -> [K,S,S,3] numpy."""
-    if pixels is None:
-        return None
-    x = pixels.detach().cpu()
-    x = x.permute(1, 2, 0) if x.ndim == 3 else x.permute(0, 2, 3, 1)
-    return np.ascontiguousarray(x.numpy().astype(np.uint8))
-
-
 class Captioner:
     """A trained caption model (decoder, vocabulary, feature meta) on a device, ready to caption.
 
@@ -156,17 +102,8 @@ class Captioner:
         self.module = module.to(self.device).eval()
         self.source = str(source)
         self.feature_meta: dict[str, Any] = dict(module.hparams["feature_meta"])
-        self.kind: str = self.feature_meta.get("kind", "image")
-        grid = self.feature_meta.get("grid")
-        self.grid: tuple[int, int] | None = (int(grid[0]), int(grid[1])) if grid else None
-        # image regions (imported detector features): no grid, attention is per region
-        self.regions = self.kind == "image" and self.grid is None and bool(self.feature_meta.get("regions"))
-        if self.kind == "image" and self.grid is None and not self.regions:
-            raise CheckpointError("image features without a grid in the checkpoint's feature_meta")
-
-        video = stream_metas(self.feature_meta)[0].get("settings", {}).get("video") or {}
-        # video_features=grid: the K*h*w positions are frame-major; attention is summed per frame
-        self._cells = self.grid[0] * self.grid[1] if video.get("video_features") == "grid" and self.grid else 1
+        self.layout = AttentionLayout.of(self.feature_meta)
+        self.kind, self.grid, self.regions = self.layout.kind, self.layout.grid, self.layout.regions
         self.hard_attention = marks_hard_attention(module)
         self._encoders: list[Any] | None = None
 
@@ -222,15 +159,16 @@ class Captioner:
         return list(self.iter_split(split, **kwargs))
 
     def iter_split(self, split: str, *, max_items: int | None = None, batch_size: int = 16,
-                   progress: bool = False, decode: DecodeConfig | None = None,
-                   **options: Any) -> Iterator[CaptionResult]:
+                   progress: bool = False, data_root: str | None = None, features_dir: Any = None,
+                   decode: DecodeConfig | None = None, **options: Any) -> Iterator[CaptionResult]:
         """The stored features the model was trained/evaluated on, in the split's order; the media
-        files (from the checkpoint's data config) are read only for the figures."""
+        files (from the checkpoint's data config) are read only for the figures.  data_root /
+        features_dir: where the dataset / the store(s) are now, if moved
+        (``captioning.train.inputs.checkpoint_inputs``)."""
         cfg = beam_config(decode, **options)
-        hp = self.module.hparams
-        data_cfg = checkpoint_data_config(hp["config"])
-        store = open_features(hp["config"]["features_dir"])
-        check_compatible(hp, hp["vocab"], dict(store.meta), self.source)
+        inputs = checkpoint_inputs(self.module.hparams, self.source, data_root=data_root,
+                                   features_dir=features_dir)
+        data_cfg, store = inputs.data, inputs.store
         records = read_dataset(data_cfg).split(split)
         if not records:
             raise ConfigError(f"store_split={split!r} has no items in data '{data_cfg.name}': use train, val or test")
@@ -361,7 +299,7 @@ class Captioner:
                     if f.error is not None:
                         ready[i] = CaptionResult(found[i].input, found[i].kind, path=found[i].path, error=f.error)
                 for (i, f), r in zip(ok, self._decode([f for _, f in ok], cfg), strict=True):
-                    r.input, r.path, r.image = found[i].input, found[i].path, _hwc(f.pixels)
+                    r.input, r.path, r.image = found[i].input, found[i].path, hwc(f.pixels)
                     ready[i] = r
                 bar.update(len(batch))
                 while nxt in ready:
@@ -384,30 +322,5 @@ class Captioner:
             nbest = decode_batch(self.module.decoder, x, mask.to(self.device), cfg, v.bos, v.eos, v.unk)
         itos, out = v.itos, []
         for hyps, f in zip(nbest, feats, strict=True):
-            h = hyps[0]
-            tokens = [itos[t] for t in h.tokens]
-            if h.attention is None:  # show_tell / mean_pool: the context is the uniform mean
-                att = np.zeros((len(tokens), n), dtype=np.float64)
-                att[:, : int(f.valid)] = 1.0 / int(f.valid)
-            else:
-                att = h.attention[: len(tokens)].float().cpu().numpy().astype(np.float64)
-            r = CaptionResult(f.item_id, self.kind, caption=" ".join(tokens), tokens=tokens, score=float(h.score),
-                              token_log_probs=list(h.token_log_probs),
-                              has_attention=h.attention is not None, hard_attention=self.hard_attention,
-                              nbest=[(" ".join(itos[t] for t in x.tokens), float(x.score)) for x in hyps]
-                              if len(hyps) > 1 else [])
-            if self.regions:  # the real regions only, with their boxes when known
-                n_real = int(f.valid)
-                r.attention, r.attention_shape = att[:, :n_real], [n_real]
-                r.boxes = None if f.boxes is None else np.asarray(f.boxes[:n_real], dtype=np.float64)
-                r.image_size = None if f.image_size is None else [int(s) for s in f.image_size]
-            elif self.kind == "image":
-                assert self.grid is not None
-                r.attention, r.attention_shape = att, list(self.grid)
-            else:
-                if self._cells > 1:  # [T, K*h*w] frame-major -> weight per frame [T, K]
-                    att = att.reshape(att.shape[0], -1, self._cells).sum(axis=-1)
-                r.attention, r.attention_shape = att, [int(att.shape[1])]
-                r.frame_indices = [int(i) for i in (f.frame_indices or range(att.shape[1]))]
-            out.append(r)
+            out.append(self.layout.result(hyps, f, itos, n, hard_attention=self.hard_attention))
         return out

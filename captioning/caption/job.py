@@ -9,7 +9,8 @@ backbone, rebuilt from the ``encoder`` section of the checkpoint's feature meta,
 extraction job's own code, so the decoder sees exactly what it was trained on
 (``captioning.caption.api.Captioner``).  ``store_split=<split>`` instead reads the features the model
 was trained/evaluated on from its FeatureStore and the media files (for the figures) from its
-data config.
+data config (moved since: ``data_root=<its new folder>`` or ``features_dir=``, as for
+``captioning-evaluate``).
 
 Writes into ``output_dir`` (``captioning.viz.gallery.write_gallery``): ``captions.json`` (one
 entry per input, ``"error"`` for the inputs that failed; each word's log-prob, and the rows of
@@ -55,6 +56,8 @@ class CaptionConfig:
     batch_size: int = 16
     num_workers: int = 2  # DataLoader processes decoding the media files
     store_split: str | None = None  # caption a split from the checkpoint's FeatureStore instead of inputs
+    data_root: str | None = None  # store_split: the checkpoint's dataset moved here (captioning.train.inputs)
+    features_dir: Any = None  # store_split: its store(s) now, a folder or one per stream (default: the checkpoint's)
     max_items: int | None = None  # caption at most this many media items
     recursive: bool = True  # look into sub-folders of folder inputs
     progress: bool = True
@@ -81,11 +84,15 @@ def caption(cfg: CaptionConfig) -> CaptionSummary:
                           "(or store_split=<split> to caption stored features)")
     if cfg.store_split is not None and cfg.inputs:
         raise ConfigError("pass either inputs=[...] (raw media) or store_split=<split> (stored features), not both")
+    if cfg.store_split is None and (cfg.data_root is not None or cfg.features_dir is not None):
+        raise ConfigError("data_root= and features_dir= say where a stored split is: pass store_split=<split> "
+                          "(raw inputs need neither)")
     captioner = Captioner.from_checkpoint(cfg.ckpt_path, device=cfg.device, precision=cfg.precision)
     out = Path(cfg.output_dir)
     options = {"max_items": cfg.max_items, "batch_size": cfg.batch_size, "progress": cfg.progress,
                "decode": cfg.decode}
-    results = (captioner.iter_split(cfg.store_split, **options) if cfg.store_split is not None else
+    results = (captioner.iter_split(cfg.store_split, data_root=cfg.data_root, features_dir=cfg.features_dir,
+                                    **options) if cfg.store_split is not None else
                captioner.iter_caption(cfg.inputs, recursive=cfg.recursive, exclude=out,
                                       num_workers=cfg.num_workers, **options))
     title = f"Captions by {Path(cfg.ckpt_path).name}"

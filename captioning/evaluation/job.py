@@ -28,7 +28,7 @@ import pytorch_lightning as pl
 from omegaconf import MISSING
 from torch.utils.data import DataLoader
 
-from captioning.config import TrainerConfig, checkpoint_data_config
+from captioning.config import TrainerConfig
 from captioning.data.annotations import SPLITS
 from captioning.data.caption_table import caption_table
 from captioning.data.datamodule import CaptionEvalDataset, FeatureItems, collate
@@ -50,12 +50,11 @@ from captioning.models.search import DecodeConfig
 from captioning.predictions import ATTENTION_FILE, write_predictions
 from captioning.provenance import provenance, write_provenance
 from captioning.store.layout import store_id
-from captioning.store.streams import open_features
 from captioning.train.checkpoint import (
-    check_compatible,
     load_captioner,
     load_ensemble,
 )
+from captioning.train.inputs import checkpoint_inputs
 from captioning.train.module import gather_objects
 from captioning.utils.io import atomic_write_json, read_json
 from captioning.viz.viewer import ViewerConfig
@@ -79,7 +78,7 @@ class EvaluateConfig:
     split: str = "test"
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    features_dir: str | None = None  # default: the checkpoint's
+    features_dir: Any = None  # default: the checkpoint's (a folder, or one per stream: captioning.train.inputs)
     data_root: str | None = None  # default: the checkpoint's data.root (move a dataset without retraining)
     output_dir: str | None = None  # default: <run>/eval/<split>-beam<k>
     metrics: list[str] = field(default_factory=default_metrics)  # registered names (captioning.metrics)
@@ -223,13 +222,10 @@ def decode_split(cfg: EvaluateConfig, laps: Laps) -> Decoded | None:
     model = load_captioner(paths[0]) if len(paths) == 1 else load_ensemble(paths)
     hp = model.hparams  # the (first) checkpoint's hyper_parameters: config, vocab, feature_meta
     train_cfg = hp["config"]
-    data_cfg = checkpoint_data_config(train_cfg, cfg.data_root)
+    # its data and store(s), moved or not (the other members of an ensemble: as the first)
+    inputs = checkpoint_inputs(hp, paths[0], data_root=cfg.data_root, features_dir=cfg.features_dir)
+    data_cfg, store = inputs.data, inputs.store
     check_request(cfg.server, data_cfg.kind, cfg.max_items)
-    features_dir = cfg.features_dir or train_cfg["features_dir"]
-    if cfg.data_root and not cfg.features_dir:
-        features_dir = features_dir.replace(train_cfg["data"]["root"], cfg.data_root, 1)
-    store = open_features(features_dir)  # one store, or several streams joined
-    check_compatible(hp, hp["vocab"], dict(store.meta), paths[0])  # the other members: as the first
     model.decode_cfg = cfg.decode
     items = split_items(cfg, data_cfg, store)
     trainer = pl.Trainer(**cfg.trainer.kwargs(logger=False, callbacks=[], enable_checkpointing=False,

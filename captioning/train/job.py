@@ -24,14 +24,12 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 
 from captioning.config import DataConfig, TrainerConfig
-from captioning.data.caption_table import CaptionTable, caption_table
 from captioning.data.datamodule import CaptionDataModule
-from captioning.errors import CaptioningError, CheckpointError, ConfigError, DataError
+from captioning.errors import CaptioningError, CheckpointError, ConfigError
 from captioning.models.decoders import decoder_config
 from captioning.models.search import DecodeConfig
 from captioning.provenance import provenance
 from captioning.store.layout import store_id
-from captioning.store.streams import open_features
 from captioning.train.callbacks import DataEpoch, RecordSchedule
 from captioning.train.checkpoint import (
     AtomicCheckpointIO,
@@ -41,6 +39,7 @@ from captioning.train.checkpoint import (
 )
 from captioning.train.finetune import FinetuneConfig, FinetuneModule, finetune_data
 from captioning.train.identity import run_config
+from captioning.train.inputs import Inputs, run_inputs
 from captioning.train.module import CaptioningModule, OptimConfig, config_dict
 from captioning.train.relaunch import as_single_run
 from captioning.train.run_folder import (
@@ -197,8 +196,8 @@ def train(cfg: TrainConfig) -> dict:
         run = run_entry(config, processes)
         with run_record(out, cfg):
             pl.seed_everything(cfg.seed, workers=True)
-            table, store = read_data(cfg)
-            vocab = table.vocabulary(min_count=cfg.data.min_count)
+            inputs = run_inputs(cfg.data, cfg.features_dir, cfg.encoder)  # captioning.train.inputs
+            table, store, vocab = inputs.table, inputs.store, inputs.vocab
             meta = dict(store.meta)  # what the model is trained on (fine-tuning: the encoder's output)
             if stage == "finetune":  # end to end from raw images (captioning.train.finetune)
                 dm, meta = finetune_data(cfg, table, store, vocab)
@@ -219,7 +218,7 @@ def train(cfg: TrainConfig) -> dict:
             model = module_cls(config=config, vocab=vocab.to_dict(), feature_meta=meta, **extra)
             parent = None
             if cfg.init_from and not resume_from:  # e.g. XE -> SCST: a new run from a finished one's weights
-                parent = init_weights(model, cfg.init_from, vocab.to_dict(), dict(store.meta))
+                parent = init_weights(model, cfg.init_from, inputs)
             model.run_record = {**run, "provenance": provenance(store=store_id(store.meta), run=run["fingerprint"]),
                                 **({"parent": parent} if parent else {})}
             trainer = build_trainer(cfg, out, resume_step)
@@ -251,29 +250,6 @@ def check_resumable(resume_from: str | None, vocab: dict, meta: dict) -> int | N
     step = int(state.get("global_step", 0))
     log.info("resuming from %s (step %d)", resume_from, step)
     return step
-
-
-def read_data(cfg: TrainConfig) -> tuple[CaptionTable, Any]:
-    """The dataset's caption table and its FeatureStore (or streams), checked against each other."""
-    table = caption_table(cfg.data)
-    dirs = [cfg.features_dir] if isinstance(cfg.features_dir, str) else cfg.features_dir
-    if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) for d in dirs):
-        raise ConfigError(f"features_dir={cfg.features_dir!r}: give a feature store folder or a list of them "
-                          f"(two streams: features_dir=[<appearance store>,<motion store>])")
-    missing = [d for d in dirs if not Path(d, "meta.json").is_file()]
-    if missing:
-        raise DataError(
-            f"no feature store at {', '.join(missing)}: run `captioning-extract data={cfg.data.name} "
-            f"encoder={cfg.encoder if len(dirs) == 1 else '<its encoder>'} features_dir=<that folder>` first "
-            f"(or set features_dir=...)"
-        )
-    store = open_features(dirs)
-    if store.meta.get("kind", cfg.data.kind) != cfg.data.kind:
-        raise ConfigError(
-            f"features in {store.root} are '{store.meta.get('kind')}' features but data={cfg.data.name} "
-            f"is a '{cfg.data.kind}' dataset: point features_dir at this dataset's features"
-        )
-    return table, store
 
 
 def build_trainer(cfg: TrainConfig, out: Path, resume_step: int | None) -> pl.Trainer:
@@ -340,13 +316,14 @@ def run_record(out: Path, cfg: TrainConfig) -> Iterator[None]:
         handler.close()
 
 
-def init_weights(model: pl.LightningModule, path: str, vocab: dict, feature_meta: dict) -> dict:
+def init_weights(model: pl.LightningModule, path: str, inputs: Inputs) -> dict:
     """Load a finished run's weights into ``model`` (a new run: fresh optimizer, step 0), e.g. the
-    cross-entropy stage's best checkpoint before self-critical training.  Returns the parent run's
-    record (checkpoint, fingerprint, step) for this run's provenance."""
+    cross-entropy stage's best checkpoint before self-critical training; refused unless it was trained
+    on this run's ``inputs`` (vocabulary and features).  Returns the parent run's record (checkpoint,
+    fingerprint, step) for this run's provenance."""
 
     state = load_checkpoint(path)
-    check_compatible(state["hyper_parameters"], vocab, feature_meta, path)
+    inputs.check(state["hyper_parameters"], path)
     try:
         model.load_state_dict(state["state_dict"])
     except RuntimeError as e:

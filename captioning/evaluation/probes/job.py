@@ -26,7 +26,6 @@ from captioning.evaluation.probes import PROBES, ProbeItem
 from captioning.evaluation.probes.run import run_probes
 from captioning.metrics.scoring import ScoreConfig, load_annotations
 from captioning.provenance import provenance
-from captioning.store.streams import open_features
 from captioning.utils.io import atomic_write_json, read_json
 
 log = logging.getLogger("captioning.probes")
@@ -79,18 +78,19 @@ class ProbeScoreConfig(ScoreConfig):
     results: str | None = None
     ckpt_path: str | None = None
     probes: list[str] = field(default_factory=list)
-    features_dir: str | None = None  # default: the checkpoint's
+    features_dir: Any = None  # default: the checkpoint's (a folder, or one per stream)
     grounding: str | None = None  # the synthetic data's grounding.json: probes from the annotations
 
 
 def score_probes(cfg: ProbeScoreConfig) -> dict[str, Any]:
     """Probe ``cfg.ckpt_path`` on every item of ``cfg.annotations`` that the store holds."""
     from captioning.train.checkpoint import load_captioner
+    from captioning.train.inputs import checkpoint_inputs
 
     if not cfg.ckpt_path:
         raise ConfigError("probes need a model: pass ckpt_path=<run>/checkpoints/best.ckpt")
     model = load_captioner(cfg.ckpt_path)
-    store = open_features(cfg.features_dir or model.hparams["config"]["features_dir"])
+    store = checkpoint_inputs(model.hparams, cfg.ckpt_path, features_dir=cfg.features_dir).store
     refs = load_annotations(cfg.annotations)
     kind = "video" if store.meta.get("kind") == "video" else "image"
     records = [CaptionRecord(key, key, "", tuple(caps), "test", kind) for key, caps in refs.items()]
