@@ -130,11 +130,11 @@ def test_the_stage_is_one_value_also_in_older_checkpoints():
     from captioning.errors import ConfigError
     from captioning.train.stage import stage_of, without_flags
 
-    assert [stage_of({"stage": s}) for s in ("xe", "scst", "finetune")] == ["xe", "scst", "finetune"]
+    assert [stage_of({"stage": s}).name for s in ("xe", "scst", "finetune")] == ["xe", "scst", "finetune"]
     # configs written before the stage was one value: their flags say it
-    assert stage_of({"scst": {"enabled": True}, "finetune": {"enabled": False}}) == "scst"
-    assert stage_of({"finetune": {"enabled": True, "blocks": 2}}) == "finetune"
-    assert stage_of({"scst": {"enabled": False}}) == "xe" and stage_of({}) == "xe"
+    assert stage_of({"scst": {"enabled": True}, "finetune": {"enabled": False}}).name == "scst"
+    assert stage_of({"finetune": {"enabled": True, "blocks": 2}}).name == "finetune"
+    assert stage_of({"scst": {"enabled": False}}).name == "xe" and stage_of({}).name == "xe"
     with pytest.raises(ConfigError, match="stage='scst\\+finetune': use xe"):
         stage_of({"scst": {"enabled": True}, "finetune": {"enabled": True}})
     with pytest.raises(ConfigError, match="stage='rl'"):

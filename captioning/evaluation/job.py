@@ -56,7 +56,7 @@ from captioning.train.checkpoint import (
     load_captioner,
     load_ensemble,
 )
-from captioning.train.module import gather_objects
+from captioning.train.module import Decoding, gather_objects
 from captioning.utils.io import atomic_write_json, read_json
 from captioning.viz.viewer import ViewerConfig
 
@@ -230,14 +230,13 @@ def decode_split(cfg: EvaluateConfig, laps: Laps) -> Decoded | None:
         features_dir = features_dir.replace(train_cfg["data"]["root"], cfg.data_root, 1)
     store = open_features(features_dir)  # one store, or several streams joined
     check_compatible(hp, hp["vocab"], dict(store.meta), paths[0])  # the other members: as the first
-    model.decode_cfg = cfg.decode
     items = split_items(cfg, data_cfg, store)
     trainer = pl.Trainer(**cfg.trainer.kwargs(logger=False, callbacks=[], enable_checkpointing=False,
                                               enable_model_summary=False, precision=decoding_precision(cfg)))
     loader = DataLoader(CaptionEvalDataset(items), batch_size=decode_batch_size(cfg, trainer), shuffle=False,
                         num_workers=cfg.num_workers, collate_fn=collate)
     laps.lap("setup")  # checkpoint, store, annotations (the caption table), Trainer
-    outputs = trainer.predict(model, loader) or []
+    outputs = trainer.predict(Decoding(model, cfg.decode), loader) or []
     predictions: dict[int, dict] = {}
     for part in gather_objects([p for batch in outputs for p in batch]):
         for p in part:
