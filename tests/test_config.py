@@ -102,14 +102,31 @@ def test_cli_config_errors_are_one_line(tmp_path):
     assert err[-1].startswith("error: unknown config key 'model.hiden_dim'"), proc.stderr
     proc = run_cli("evaluate", f"hydra.run.dir={tmp_path}", check=False)
     assert proc.returncode == 2 and "ckpt_path" in proc.stderr.strip().splitlines()[-1]
-    # Typed at composition too: Hydra refuses the override before the job starts.
+    # Typed at composition too: Hydra refuses the override before the job starts, in one line.
     proc = run_cli("train", "trainer.max_epochs=lots", f"hydra.run.dir={tmp_path}", check=False)
-    assert proc.returncode != 0 and "trainer.max_epochs" in proc.stderr and "Integer" in proc.stderr
-    proc = run_cli("train", "model.hiden_dim=3", f"hydra.run.dir={tmp_path}", check=False)
-    assert proc.returncode != 0 and "model.hiden_dim" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: Error merging override trainer.max_epochs=lots: Value 'lots' of type 'str' could not be converted "
+        "to Integer"], proc.stderr
     # the decoder's own typed config (model/lstm_schema) is checked at composition too
     proc = run_cli("train", "model.hidden_dim=wide", f"hydra.run.dir={tmp_path}", check=False)
-    assert proc.returncode != 0 and "model.hidden_dim" in proc.stderr and "wide" in proc.stderr
+    assert proc.returncode == 2 and "model.hidden_dim" in proc.stderr and "wide" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("key", ["optim.lrr=1e-3", "model.hiden_dim=5"])
+def test_a_misspelt_training_key_fails_at_composition_in_one_line(tmp_path, key):
+    """The schema (TrainConfig and the decoder's config) refuses a key it does not have while Hydra
+    composes the config: before the job starts (no run folder, no config logged), one line, status 2."""
+    run = tmp_path / "run"
+    proc = run_cli("train", key, f"hydra.run.dir={run}", check=False)
+    name = key.split("=")[0]
+    section, field = name.rsplit(".", 1)
+    schema = {"optim": "OptimConfig", "model": "LSTMConfig"}[section]
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: unknown config key '{name}' (Key '{field}' not in '{schema}'): check its spelling "
+        f"(--cfg job prints the composed config with every key)"], proc.stderr
+    assert not run.exists() and "config:" not in proc.stdout + proc.stderr
 
 
 def test_slurm_launcher_composes():
