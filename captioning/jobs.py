@@ -94,7 +94,8 @@ def composition_errors(main: Callable[[], Any]) -> Callable[[], Any]:
 
     @functools.wraps(main)
     def entry(*args: Any, **kwargs: Any) -> Any:
-        if os.environ.get("HYDRA_FULL_ERROR"):
+        previous = os.environ.get("HYDRA_FULL_ERROR")
+        if previous == "1":  # Hydra's full report asked for
             return main(*args, **kwargs)
         os.environ["HYDRA_FULL_ERROR"] = "1"
         try:
@@ -103,7 +104,10 @@ def composition_errors(main: Callable[[], Any]) -> Callable[[], Any]:
             print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
             sys.exit(2)
         finally:
-            os.environ.pop("HYDRA_FULL_ERROR", None)
+            if previous is None:
+                os.environ.pop("HYDRA_FULL_ERROR", None)
+            else:
+                os.environ["HYDRA_FULL_ERROR"] = previous
 
     return entry
 

@@ -42,8 +42,8 @@ class OptimConfig:
 
 def configure_optimization(params: Iterable[torch.nn.Parameter], cfg: OptimConfig,
                            schedule_steps: Callable[[], int]) -> Any:
-    """The optimizer over ``params`` and its schedule, as ``LightningModule.configure_optimizers``
-    returns them; ``schedule_steps()`` gives the cosine schedule's length (asked only for it)."""
+    """The optimizer over ``params`` and its schedule, as Lightning's configure_optimizers returns
+    them; ``schedule_steps()`` gives the cosine schedule's length (asked only for it)."""
     kind = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(cfg.optimizer)
     if kind is None:
         raise CaptioningError(f"optim.optimizer={cfg.optimizer!r} is not one of adam, adamw")

@@ -4,7 +4,7 @@ The training job builds it from its ``TrainConfig`` (``ModuleSettings.of``); a c
 hyper-parameters are plain data (``torch.load(weights_only=True)``), has it rebuilt from its
 ``config`` by ``ModuleSettings.from_config``, the one place that reads a checkpoint's config
 layout, older ones included (the stage as ``scst.enabled``/``finetune.enabled`` flags, ``compile``
-as a bool).  An unknown key in a section fails there (``TypeError``, reported by the loader).
+as a bool).  An unknown key in a section fails there (a TypeError, which the checkpoint loader reports in one line).
 """
 
 from __future__ import annotations
