@@ -48,7 +48,7 @@ def save_checkpoint(path: Path, meta: dict, vocab: dict, data: dict, features_di
                  "dropout": 0.0, "doubly_stochastic": 0.0}
     config = {"model": model_cfg, "data": data, "features_dir": str(features_dir),
               "decode": {"beam_size": 1, "max_length": 6}}
-    model = CaptioningModule(config=config, vocab=vocab, feature_meta=meta)
+    model = CaptioningModule.from_hparams(config, vocab, meta)
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, path)
     return path
 

@@ -74,7 +74,7 @@ def _legacy_checkpoint(tmp_path, **scst):
     vocab = {"itos": ["<pad>", "<bos>", "<eos>", "<unk>", "a"]}
     meta = {"kind": "image", "dim": 4, "positions": 4, "grid": [2, 2]}
     current = {**config, "stage": "xe", "scst": {"baseline": "greedy"}, "finetune": {"blocks": 3}}
-    module = CaptioningModule(config=current, vocab=vocab, feature_meta=meta)
+    module = CaptioningModule.from_hparams(current, vocab, meta)
     path = tmp_path / "old.ckpt"
     torch.save({"state_dict": module.state_dict(), "global_step": 7,
                 "hyper_parameters": {"config": config, "vocab": vocab, "feature_meta": meta}}, path)
@@ -85,8 +85,8 @@ def test_checkpoints_from_before_the_stage_value_load_with_their_stage(tmp_path)
     from captioning.train.checkpoint import checkpoint_run, load_captioner
 
     model = load_captioner(_legacy_checkpoint(tmp_path))
-    assert model.stage == "xe"
-    assert load_captioner(_legacy_checkpoint(tmp_path, enabled=True)).stage == "scst"
+    assert model.stage.name == "xe"
+    assert load_captioner(_legacy_checkpoint(tmp_path, enabled=True)).stage.name == "scst"
     run = checkpoint_run(_legacy_checkpoint(tmp_path))
     assert run["step"] == 7 and len(run["fingerprint"]) == 10  # computed from its config
 

@@ -112,7 +112,7 @@ def _module(setting: str, batch_size: int = 8) -> CaptioningModule:
     config = {"model": {"name": "lstm", "embed_dim": 8, "hidden_dim": 12, "attention_dim": 6, "dropout": 0.1},
               "compile": setting, "data": {"batch_size": batch_size, "max_length": 6},
               "decode": {"beam_size": 1, "max_length": 6}, "optim": {"scheduler": "none"}}
-    return CaptioningModule(config=config, vocab=vocab, feature_meta=meta)
+    return CaptioningModule.from_hparams(config, vocab, meta)
 
 
 def test_a_compiled_run_compiles_once_over_epochs_lengths_a_short_last_batch_and_validation(

@@ -138,14 +138,14 @@ def test_checkpoint_round_trip(name: str, i: int, tmp_path) -> None:
     meta = {"kind": "image", "positions": N, "dim": C, "grid": list(LAYOUT), "dtype": "float16",
             "settings": {"backbone": "toy"}}
     config = {"model": decoder_class(name).examples()[i], "decode": {"beam_size": 2, "max_length": 5}}
-    model = CaptioningModule(config=config, vocab=vocab, feature_meta=meta).eval()
+    model = CaptioningModule.from_hparams(config, vocab, meta).eval()
     path = tmp_path / "model.ckpt"
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, path)
     loaded = load_captioner(path)
     assert type(loaded.decoder) is type(model.decoder)
     feats, mask, tokens = _batch(5)
-    a = model.generate(feats, mask)
-    b = loaded.generate(feats, mask)
+    a = model.generate(feats, mask, model.settings.decode)
+    b = loaded.generate(feats, mask, loaded.settings.decode)
     assert [h.tokens for h in a] == [h.tokens for h in b]
     torch.testing.assert_close(loaded.decoder.compute_loss(feats, mask, tokens)["loss"],
                                model.decoder.compute_loss(feats, mask, tokens)["loss"])

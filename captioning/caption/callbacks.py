@@ -96,7 +96,7 @@ class AttentionImages(pl.Callback):
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
             results = Captioner(pl_module, device=device).caption_features(
                 [np.array(s.features) for s in stored], [s.valid for s in stored], frame_indices=[s.frame_indices for s in stored],
-                images=self._pixels, names=[r.item_id for r in records], decode=pl_module.decode_cfg,
+                images=self._pixels, names=[r.item_id for r in records], decode=pl_module.settings.decode,
                 boxes=[s.boxes for s in stored], image_sizes=[s.image_size for s in stored],
             )
         captions = [f"{r.caption}  (reference: {val.references[i][0]})" for i, r in enumerate(results)]

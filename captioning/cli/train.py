@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from captioning.config import CONF_DIR, register_schema, to_config
-from captioning.jobs import cli_errors
+from captioning.jobs import cli_errors, composition_errors
 from captioning.models.decoders import register_schemas, run_tag
 from captioning.train.job import TrainConfig, train
 from captioning.train.sweep import sweep_job_folder
@@ -36,6 +36,7 @@ OmegaConf.register_new_resolver("model_tag", run_tag, replace=True)
 OmegaConf.register_new_resolver("sweep_job_folder", sweep_job_folder, replace=True)
 
 
+@composition_errors
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 @cli_errors
 def main(raw: DictConfig) -> float | None:

@@ -55,7 +55,7 @@ from captioning.train.checkpoint import (
     load_ensemble,
 )
 from captioning.train.inputs import checkpoint_inputs
-from captioning.train.module import gather_objects
+from captioning.train.module import Decoding, gather_objects
 from captioning.utils.io import atomic_write_json, read_json
 from captioning.viz.viewer import ViewerConfig
 
@@ -226,14 +226,13 @@ def decode_split(cfg: EvaluateConfig, laps: Laps) -> Decoded | None:
     inputs = checkpoint_inputs(hp, paths[0], data_root=cfg.data_root, features_dir=cfg.features_dir)
     data_cfg, store = inputs.data, inputs.store
     check_request(cfg.server, data_cfg.kind, cfg.max_items)
-    model.decode_cfg = cfg.decode
     items = split_items(cfg, data_cfg, store)
     trainer = pl.Trainer(**cfg.trainer.kwargs(logger=False, callbacks=[], enable_checkpointing=False,
                                               enable_model_summary=False, precision=decoding_precision(cfg)))
     loader = DataLoader(CaptionEvalDataset(items), batch_size=decode_batch_size(cfg, trainer), shuffle=False,
                         num_workers=cfg.num_workers, collate_fn=collate)
     laps.lap("setup")  # checkpoint, store, annotations (the caption table), Trainer
-    outputs = trainer.predict(model, loader) or []
+    outputs = trainer.predict(Decoding(model, cfg.decode), loader) or []
     predictions: dict[int, dict] = {}
     for part in gather_objects([p for batch in outputs for p in batch]):
         for p in part:

@@ -187,7 +187,7 @@ def load_captioner(path: str | Path, map_location: str | torch.device = "cpu"):
         model_cfg["scoring"] = "general"  # written before 'dot' meant h.v: it projected, i.e. Luong's general
         config["model"] = model_cfg
     try:
-        model = captioner_class(config)(config=config, vocab=hp["vocab"], feature_meta=hp["feature_meta"])
+        model = captioner_class(config).from_hparams(config, hp["vocab"], hp["feature_meta"])
         model.load_state_dict(ckpt["state_dict"])
     except (TypeError, KeyError, RuntimeError, ConfigError) as e:
         written = ((ckpt.get("run") or {}).get("provenance") or {}).get("git_commit") or "an older version"

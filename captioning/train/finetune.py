@@ -46,7 +46,9 @@ from captioning.features.backbones import Backbone, Preprocessing, stages
 from captioning.features.encoders import build_encoder
 from captioning.features.extract import MediaDataset, MediaItem
 from captioning.features.featurize import encoder_config, rebuild_backbone, stored_preprocessing
+from captioning.models.search import DecodeConfig
 from captioning.train.module import CaptioningModule
+from captioning.train.settings import ModuleSettings
 from captioning.train.stage import stage_of, without_flags
 
 log = logging.getLogger("captioning.train.finetune")
@@ -140,12 +142,11 @@ class FinetuneModule(CaptioningModule):
     checkpoint needs no weights file or download).
     """
 
-    def __init__(self, config: dict, vocab: dict, feature_meta: dict, *, initial_weights: bool = False) -> None:
-
-        super().__init__(config, vocab, feature_meta)
-        self.finetune_cfg = FinetuneConfig(**without_flags(config.get("finetune"))).validate()
+    def __init__(self, settings: ModuleSettings, vocab: dict, feature_meta: dict, config: Mapping[str, Any], *,
+                 finetune: FinetuneConfig, source: str, initial_weights: bool = False) -> None:
+        super().__init__(settings, vocab, feature_meta, config)
+        self.finetune_cfg = finetune.validate()
         base = base_meta(feature_meta)
-        source = f"features_dir={config.get('features_dir')}"
         if initial_weights:
             encoder = rebuild_backbone(base, source)
         else:
@@ -155,6 +156,13 @@ class FinetuneModule(CaptioningModule):
         self.encoder = encoder
         self.preprocessing: Preprocessing = encoder.preprocessing()
         self.trained_stages = unfreeze_last(encoder, self.finetune_cfg.blocks)
+
+    @classmethod
+    def from_hparams(cls, config: Mapping[str, Any], vocab: dict, feature_meta: dict, **extra: Any) -> FinetuneModule:
+        """As ``CaptioningModule.from_hparams``, with the checkpoint's ``finetune`` settings."""
+        finetune = FinetuneConfig(**without_flags(config.get("finetune")))
+        return cls(ModuleSettings.from_config(config), vocab, feature_meta, config, finetune=finetune,
+                   source=f"features_dir={config.get('features_dir')}", **extra)
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 crops [B, 3, S, S] -> annotation vectors [B, h*w, C] (row-major grid, as stored)."""
@@ -172,8 +180,8 @@ class FinetuneModule(CaptioningModule):
     def validation_step(self, batch: ImageBatch, batch_idx: int) -> None:
         return super().validation_step(self._features(batch), batch_idx)
 
-    def predict_step(self, batch: ImageBatch, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
-        return super().predict_step(self._features(batch), batch_idx, dataloader_idx)
+    def describe(self, batch: ImageBatch, cfg: DecodeConfig) -> list[dict]:
+        return super().describe(self._features(batch), cfg)
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
         """As ``nn.Module``'s; weights without any ``encoder.*`` tensor (a run on the stored
@@ -319,4 +327,4 @@ def finetune_data(cfg: Any, splits: dict, store: Any, vocab: Vocabulary) -> tupl
 def captioner_class(config: Mapping[str, Any]) -> type[CaptioningModule]:
     """The LightningModule class of a checkpoint's ``config``: ``FinetuneModule`` when it was trained
     end to end (its encoder weights are in the checkpoint), else ``CaptioningModule``."""
-    return FinetuneModule if stage_of(config) == "finetune" else CaptioningModule
+    return FinetuneModule if stage_of(config).from_images else CaptioningModule

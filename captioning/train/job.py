@@ -26,7 +26,6 @@ from pytorch_lightning.utilities import rank_zero_only
 from captioning.config import DataConfig, TrainerConfig
 from captioning.data.datamodule import CaptionDataModule
 from captioning.errors import CaptioningError, CheckpointError, ConfigError
-from captioning.models.decoders import decoder_config
 from captioning.models.search import DecodeConfig
 from captioning.provenance import provenance
 from captioning.store.layout import store_id
@@ -40,7 +39,8 @@ from captioning.train.checkpoint import (
 from captioning.train.finetune import FinetuneConfig, FinetuneModule, finetune_data
 from captioning.train.identity import run_config
 from captioning.train.inputs import Inputs, run_inputs
-from captioning.train.module import CaptioningModule, OptimConfig, config_dict
+from captioning.train.module import CaptioningModule, config_dict
+from captioning.train.optim import OptimConfig
 from captioning.train.relaunch import as_single_run
 from captioning.train.run_folder import (
     RECORD_NAME,
@@ -52,7 +52,7 @@ from captioning.train.run_folder import (
     write_record,
 )
 from captioning.train.scst import ScstConfig
-from captioning.train.stage import stage_of
+from captioning.train.settings import ModuleSettings
 from captioning.utils.io import atomic_write_json, atomic_write_text
 
 log = logging.getLogger("captioning.train")
@@ -183,9 +183,8 @@ def train(cfg: TrainConfig) -> dict:
     (``run_folder.hold_run_folder``).  The run's record is written once its data are read and
     checked, before the first step: a config whose data are refused leaves no record.
     """
-    decoder_config(cfg.model)  # a bad model config stops here, before any data is read
-    stage = stage_of(config_dict(cfg))
-    cfg.scst.validate()
+    settings = ModuleSettings.of(cfg)  # a bad model, stage or scst config stops here, before any data is read
+    stage = settings.stage
     out = Path(cfg.output_dir)
     config = run_config(config_dict(cfg))  # the config and its store's identity
     processes = world_size(cfg.trainer)
@@ -199,12 +198,12 @@ def train(cfg: TrainConfig) -> dict:
             inputs = run_inputs(cfg.data, cfg.features_dir, cfg.encoder)  # captioning.train.inputs
             table, store, vocab = inputs.table, inputs.store, inputs.vocab
             meta = dict(store.meta)  # what the model is trained on (fine-tuning: the encoder's output)
-            if stage == "finetune":  # end to end from raw images (captioning.train.finetune)
+            if stage.from_images:  # end to end from raw images (captioning.train.finetune)
                 dm, meta = finetune_data(cfg, table, store, vocab)
             else:
                 dm = CaptionDataModule(
                     table, store, vocab, max_length=cfg.data.max_length, batch_size=cfg.data.batch_size,
-                    eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=stage == "scst",
+                    eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=stage.per_item,
                     seed=cfg.seed,
                 )
             if rank == 0:  # temp files of checkpoint writes a killed run left behind
@@ -213,9 +212,7 @@ def train(cfg: TrainConfig) -> dict:
             resume_step = check_resumable(resume_from, vocab.to_dict(), meta)
             if rank == 0:  # the data checked: from here on the folder says which run it holds
                 write_record(out, config, run)
-            module_cls = FinetuneModule if stage == "finetune" else CaptioningModule
-            extra = {"initial_weights": not resume_from} if stage == "finetune" else {}
-            model = module_cls(config=config, vocab=vocab.to_dict(), feature_meta=meta, **extra)
+            model = new_module(cfg, settings, config, vocab.to_dict(), meta, initial_weights=not resume_from)
             parent = None
             if cfg.init_from and not resume_from:  # e.g. XE -> SCST: a new run from a finished one's weights
                 parent = init_weights(model, cfg.init_from, inputs)
@@ -225,6 +222,17 @@ def train(cfg: TrainConfig) -> dict:
             with as_single_run():  # DDP ranks > 0 of a sweep job: started as this job alone
                 trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
             return write_summary(trainer, out, ckpt, vocab, dm, model.run_record)
+
+
+def new_module(cfg: TrainConfig, settings: ModuleSettings, config: dict, vocab: dict, meta: dict, *,
+               initial_weights: bool) -> CaptioningModule:
+    """The run's LightningModule: with the encoder when its stage trains from raw images
+    (``FinetuneModule``; ``initial_weights``: the store's encoder weights, a new run), else on the
+    stored features."""
+    if settings.stage.from_images:
+        return FinetuneModule(settings, vocab, meta, config, finetune=cfg.finetune,
+                              source=f"features_dir={cfg.features_dir}", initial_weights=initial_weights)
+    return CaptioningModule(settings, vocab, meta, config)
 
 
 def resume_decision(policy: str, ckpt: Path, config: dict, processes: int | None = None) -> bool:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 import pytorch_lightning as pl
@@ -31,33 +31,14 @@ from captioning.models.search import (
     greedy_decode,
     sample,
 )
-from captioning.train.compiled import compile_mode, compile_setting, fixed_shapes
+from captioning.train.compiled import compile_mode, fixed_shapes
+from captioning.train.optim import configure_optimization
 from captioning.train.rng_state import capture_rng, restore_rng
-from captioning.train.scst import ScstConfig, leave_one_out_baseline, scst_surrogate
+from captioning.train.scst import leave_one_out_baseline, scst_surrogate
 from captioning.train.scst_sampling import greedy_fixed, greedy_words, policy
-from captioning.train.stage import stage_of, without_flags
+from captioning.train.settings import ModuleSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class OptimConfig:
-    """Optimisation: Adam/AdamW, learning-rate schedule, label smoothing."""
-
-    optimizer: str = "adamw"  # adam | adamw
-    lr: float = 4e-4
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    scheduler: str = "cosine"  # none | cosine | step | plateau
-    warmup_steps: int = 0
-    step_epochs: int = 5  # step: decay every step_epochs epochs
-    gamma: float = 0.5  # step/plateau decay factor
-    min_lr_ratio: float = 0.05  # cosine: final lr = lr * min_lr_ratio
-    # cosine: its length in optimizer steps; null: the budget's (resolved once at the start and
-    # stored in every checkpoint). Fixed, a larger budget continues the run on the same schedule
-    schedule_steps: int | None = None
-    label_smoothing: float = 0.0
-    nonfinite: str = "skip"  # a NaN/inf loss: skip the optimizer step (and say which batch) | stop
 
 
 class NonFiniteLossError(CaptioningError):
@@ -82,37 +63,38 @@ def gather_objects(obj: Any) -> list[Any]:
 
 
 class CaptioningModule(pl.LightningModule):
-    """A registered caption decoder (``config["model"]``) + vocabulary + optimisation.
+    """A registered caption decoder (``settings.model``) + vocabulary + optimisation.
 
-    Hyper-parameters are plain dicts (resolved config, vocabulary, feature-store meta),
-    so checkpoints load with ``torch.load(weights_only=True)``.
+    ``settings``: the typed pieces of the training config it reads (``ModuleSettings``);
+    ``config``: the run's resolved config as plain data, recorded (never read) in the
+    hyper-parameters with the vocabulary and the feature-store meta, so checkpoints load with
+    ``torch.load(weights_only=True)``; ``from_hparams`` rebuilds the module from them.
     """
 
-    def __init__(self, config: dict, vocab: dict, feature_meta: dict) -> None:
+    def __init__(self, settings: ModuleSettings, vocab: dict, feature_meta: dict, config: Mapping[str, Any]) -> None:
         super().__init__()
-        self.save_hyperparameters({"config": config, "vocab": vocab, "feature_meta": feature_meta})
+        self.save_hyperparameters({"config": dict(config), "vocab": vocab, "feature_meta": feature_meta})
+        self.settings = settings
         self.vocab = Vocabulary.from_dict(vocab)
-        self.optim_cfg = OptimConfig(**config.get("optim", {}))
-        self.decode_cfg = DecodeConfig(**config.get("decode", {}))
+        self.optim_cfg = settings.optim
         self.run_record: dict | None = None  # fingerprint + provenance, saved in every checkpoint
-        self.stage = stage_of(config)
-        self.scst_cfg = ScstConfig(**without_flags(config.get("scst"))).validate()
+        self.stage = settings.stage
+        self.scst_cfg = settings.scst
         self._reward: Any = None  # stage=scst: CIDEr-D against the training references
         self.decoder: CaptionDecoder = build_decoder(
-            config["model"], len(self.vocab), int(feature_meta["dim"]), layout_from_meta(feature_meta),
+            settings.model, len(self.vocab), int(feature_meta["dim"]), layout_from_meta(feature_meta),
             pad_id=self.vocab.pad,
         )
         # compile (auto | true | false): the fixed-shape loss under torch.compile, CUDA graphs on a
         # GPU; every batch padded to one shape so that one graph serves the whole run (fixed_shapes)
-        self.compile_setting = compile_setting(config.get("compile", "auto"))
+        self.compile_setting = settings.compile
         if self.compile_setting == "true" and not self.decoder.compilable:
             raise CaptioningError(
                 f"compile=true: model {type(self.decoder).run_tag(self.decoder.cfg)} cannot be compiled whole "
                 f"(hard attention samples on the host, the BiLSTM encoder packs its sequences); train it with "
                 f"compile=false or compile=auto"
             )
-        data = config.get("data", {})
-        self._shape = (int(data.get("batch_size", 0)), int(data.get("max_length", 0)) + 2)  # rows, tokens
+        self._shape = (settings.batch_size, settings.max_length + 2)  # rows, tokens
         self._compiled_loss: Any = None
         self._compiled_greedy: Any = None  # stage=scst, compiled: captioning.train.scst_sampling
         self._compiled_policy: Any = None
@@ -120,6 +102,11 @@ class CaptioningModule(pl.LightningModule):
         self._skip_step = False
         self._schedule_steps: int | None = None  # the cosine schedule's length, once resolved
         self.last_val_predictions: dict[int, str] = {}
+
+    @classmethod
+    def from_hparams(cls, config: Mapping[str, Any], vocab: dict, feature_meta: dict, **extra: Any) -> CaptioningModule:
+        """The module of a checkpoint's hyper-parameters (plain data; ``ModuleSettings.from_config``)."""
+        return cls(ModuleSettings.from_config(config), vocab, feature_meta, config, **extra)
 
     # ------------------------------------------------------------------ training
     #: torch.compile's backend (tests count compilations with a cheap one)
@@ -149,8 +136,7 @@ class CaptioningModule(pl.LightningModule):
         return self._compiled_loss(features, mask, tokens, label_smoothing=smoothing)
 
     def on_fit_start(self) -> None:
-        if self.stage == "scst":
-
+        if self.stage.loss == "scst":  # the rewards' document frequencies, once
             refs = self.trainer.datamodule.items["train"].references
             self._reward = CiderD([[r.split() for r in item] for item in refs])  # df once
 
@@ -233,7 +219,7 @@ class CaptioningModule(pl.LightningModule):
         return drawn, xe
 
     def training_step(self, batch, batch_idx: int):
-        if self.stage == "scst":
+        if self.stage.loss == "scst":
             losses = self._scst_loss(batch)
         else:
             losses = self._loss(batch.features.float(), batch.mask, batch.tokens)
@@ -270,15 +256,16 @@ class CaptioningModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ validation
     @torch.no_grad()
-    def generate(self, features: torch.Tensor, mask: torch.Tensor, cfg: DecodeConfig | None = None) -> list[Hypothesis]:
-        return decode(self.decoder, features.float(), mask, cfg or self.decode_cfg, self.vocab)
+    def generate(self, features: torch.Tensor, mask: torch.Tensor, cfg: DecodeConfig) -> list[Hypothesis]:
+        """The best hypothesis per item, decoded as ``cfg`` says."""
+        return decode(self.decoder, features.float(), mask, cfg, self.vocab)
 
     def caption_text(self, hyp: Hypothesis) -> str:
         return " ".join(self.vocab.decode(hyp.tokens))
 
     def validation_step(self, batch, batch_idx: int) -> None:
         with torch.autocast(self.device.type, enabled=False):  # fp32, as the evaluation decodes by default
-            hyps = self.generate(batch.features, batch.mask)
+            hyps = self.generate(batch.features, batch.mask, self.settings.decode)
         for i, h in zip(batch.index.tolist(), hyps, strict=True):
             self._val_outputs.append((i, self.caption_text(h)))
 
@@ -305,11 +292,16 @@ class CaptioningModule(pl.LightningModule):
         self.log("val/items", float(len(predictions)), sync_dist=False, rank_zero_only=False)
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
-        """Decode a batch: per item its index, the best hypothesis's tokens, the attention that
-        emitted each token, its score and each word's log-prob (then <eos>'s), and ``nbest``: every
-        hypothesis (tokens, score), best first (beam search's n-best or the samples)."""
+        """``describe`` with the run's own decoding (``settings.decode``); an evaluation passes its
+        own to ``describe`` (``Decoding``)."""
+        return self.describe(batch, self.settings.decode)
+
+    def describe(self, batch, cfg: DecodeConfig) -> list[dict]:
+        """Decode a batch as ``cfg`` says: per item its index, the best hypothesis's tokens, the
+        attention that emitted each token, its score and each word's log-prob (then <eos>'s), and
+        ``nbest``: every hypothesis (tokens, score), best first (beam search's n-best or the samples)."""
         with torch.no_grad():
-            nbest = decode_batch(self.decoder, batch.features.float(), batch.mask, self.decode_cfg,
+            nbest = decode_batch(self.decoder, batch.features.float(), batch.mask, cfg,
                                  self.vocab.bos, self.vocab.eos, self.vocab.unk)
         out = []
         for i, hyps in zip(batch.index.tolist(), nbest, strict=True):
@@ -323,33 +315,8 @@ class CaptioningModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
-        cfg = self.optim_cfg
         params = [p for p in self.parameters() if p.requires_grad]
-        kind = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(cfg.optimizer)
-        if kind is None:
-            raise CaptioningError(f"optim.optimizer={cfg.optimizer!r} is not one of adam, adamw")
-        optimizer = kind(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-        if cfg.scheduler == "none":
-            return optimizer
-        if cfg.scheduler == "cosine":
-            total = self.schedule_steps()
-
-            def factor(step: int) -> float:
-                if step < cfg.warmup_steps:
-                    return (step + 1) / cfg.warmup_steps
-                progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
-                return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-            sched = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-        if cfg.scheduler == "step":
-            sched = torch.optim.lr_scheduler.StepLR(optimizer, cfg.step_epochs, cfg.gamma)
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
-        if cfg.scheduler == "plateau":
-            sched = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=cfg.gamma, patience=2)
-            return {"optimizer": optimizer,
-                    "lr_scheduler": {"scheduler": sched, "monitor": "val/CIDEr", "interval": "epoch"}}
-        raise CaptioningError(f"optim.scheduler={cfg.scheduler!r} is not one of none, cosine, step, plateau")
+        return configure_optimization(params, self.optim_cfg, self.schedule_steps)
 
     def schedule_steps(self) -> int:
         """The cosine schedule's length in optimizer steps: ``optim.schedule_steps``, else the
@@ -384,3 +351,16 @@ class CaptioningModule(pl.LightningModule):
 def config_dict(cfg: Any) -> dict:
     """A dataclass config as a plain dict (for hyper-parameters)."""
     return asdict(cfg)
+
+
+class Decoding(pl.LightningModule):
+    """Lightning's ``predict`` over a trained ``CaptioningModule``, decoding as ``cfg`` says
+    (``CaptioningModule.describe``): how an evaluation passes its decoding to the decode call."""
+
+    def __init__(self, captioner: CaptioningModule, cfg: DecodeConfig) -> None:
+        super().__init__()
+        self.captioner = captioner
+        self.cfg = cfg
+
+    def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
+        return self.captioner.describe(batch, self.cfg)

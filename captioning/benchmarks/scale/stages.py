@@ -303,8 +303,8 @@ class Scale(ProcessStages):
         torch.manual_seed(self.args.seed)
         config = {"model": model, "data": asdict(self.data["cfg"]), "features_dir": str(self.store),
                   "decode": {"beam_size": self.args.eval_beam}}
-        module = CaptioningModule(config=config, vocab=self.data["vocab"].to_dict(),
-                                  feature_meta=dict(FeatureStore.open(self.store).meta))
+        module = CaptioningModule.from_hparams(config, self.data["vocab"].to_dict(),
+                                               dict(FeatureStore.open(self.store).meta))
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, path)
         return path
