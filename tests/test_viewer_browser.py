@@ -325,13 +325,14 @@ def video_viewer(tmp_path_factory) -> Path:
                            root / "features")
     steps = itertools.count()
 
-    def scores(self, h, keys):  # decoding step s attends mostly to frame s mod 6: each word its own frame
+    def scores(self, h, keys, w=None):  # decoding step s attends mostly to frame s mod 6: each word its own frame
         e = torch.zeros(h.shape[0], keys.shape[1], dtype=h.dtype)
         e[:, next(steps) % keys.shape[1]] = 3.0
         return e
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(AdditiveAttention, "scores", scores)
+        mp.setattr(AdditiveAttention, "scores", scores)  # the step's scorer from h_{t-1} or from its query part
+        mp.setattr(AdditiveAttention, "scores_from_query", scores)
         summary = caption(CaptionConfig(ckpt_path=str(ckpt), inputs=[str(root / "videos")], output_dir=str(tmp / "cap"),
                                         decode=DecodeConfig(beam_size=2, max_length=6, min_length=6), device="cpu",
                                         num_workers=0, progress=False, viewer=ViewerConfig(enabled=True)))
