@@ -129,6 +129,28 @@ def test_a_misspelt_training_key_fails_at_composition_in_one_line(tmp_path, key)
     assert not run.exists() and "config:" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("cli, schema", [("caption", "CaptionConfig"), ("evaluate", "EvaluateConfig"),
+                                         ("extract", "ExtractConfig"), ("generate", "GenerateConfig"),
+                                         ("import_features", "ImportConfig"), ("score", "ProbeScoreConfig")])
+def test_every_cli_refuses_a_misspelt_key_in_one_line(tmp_path, cli, schema):
+    """Every Hydra console script, not only captioning-train, types its config at composition: a key
+    its schema lacks is one line naming the key, status 2, before the job starts."""
+    run = tmp_path / "run"
+    proc = run_cli(cli, "ouput_dir=x", f"hydra.run.dir={run}", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: unknown config key 'ouput_dir' (Key 'ouput_dir' not in '{schema}'): check its spelling "
+        f"(--cfg job prints the composed config with every key)"], proc.stderr
+    assert not run.exists()
+
+
+def test_captioning_caption_types_its_values_at_composition(tmp_path):
+    proc = run_cli("caption", "batch_size=lots", f"hydra.run.dir={tmp_path / 'run'}", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: Error merging override batch_size=lots: Value 'lots' of type 'str' could not be converted "
+        "to Integer"], proc.stderr
+
+
 def test_slurm_launcher_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):

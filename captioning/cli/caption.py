@@ -17,14 +17,17 @@ import hydra
 from omegaconf import DictConfig
 
 from captioning.caption.job import CaptionConfig, caption
-from captioning.config import CONF_DIR, to_config
-from captioning.jobs import cli_errors
+from captioning.config import CONF_DIR, register_schema, to_config
+from captioning.jobs import cli_errors, composition_errors
 from captioning.viz.viewer import viewer_switch
 
 __all__ = ["CaptionConfig", "main"]
 
+register_schema("caption_schema", CaptionConfig)  # typed at composition: a bad key or value is refused there
+
 
 @viewer_switch  # viewer=true: conf/viewer/true.yaml (Hydra alone would read a boolean)
+@composition_errors
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="caption")
 @cli_errors
 def main(raw: DictConfig) -> None:

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from captioning.config import CONF_DIR, register_schema, to_config
 from captioning.evaluation.job import EvaluateConfig, evaluate
-from captioning.jobs import cli_errors
+from captioning.jobs import cli_errors, composition_errors
 from captioning.viz.viewer import viewer_switch
 
 __all__ = ["EvaluateConfig", "main"]
@@ -28,6 +28,7 @@ register_schema("evaluate_schema", EvaluateConfig)
 
 
 @viewer_switch  # viewer=true: conf/viewer/true.yaml (Hydra alone would read a boolean)
+@composition_errors
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")
 @cli_errors
 def main(raw: DictConfig) -> None:

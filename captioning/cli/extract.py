@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from captioning.config import CONF_DIR, register_schema, to_config
 from captioning.features.job import ExtractConfig, extract
-from captioning.jobs import cli_errors
+from captioning.jobs import cli_errors, composition_errors
 
 __all__ = ["ExtractConfig", "main"]
 
@@ -28,6 +28,7 @@ log = logging.getLogger("captioning.extract")
 register_schema("extract_schema", ExtractConfig)
 
 
+@composition_errors
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="extract")
 @cli_errors
 def main(raw: DictConfig) -> None:

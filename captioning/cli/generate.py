@@ -14,13 +14,14 @@ from omegaconf import DictConfig
 
 from captioning.config import CONF_DIR, register_schema, to_config
 from captioning.data.synthetic.job import GenerateConfig, generate
-from captioning.jobs import cli_errors
+from captioning.jobs import cli_errors, composition_errors
 
 __all__ = ["GenerateConfig", "main"]
 
 register_schema("generate_schema", GenerateConfig)
 
 
+@composition_errors
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="generate")
 @cli_errors
 def main(raw: DictConfig) -> None:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from captioning.config import CONF_DIR, register_schema, to_config
 from captioning.features.formats import ImportConfig
 from captioning.features.importing import import_features
-from captioning.jobs import cli_errors
+from captioning.jobs import cli_errors, composition_errors
 
 __all__ = ["ImportConfig", "main"]
 
@@ -29,6 +29,7 @@ log = logging.getLogger("captioning.import")
 register_schema("import_schema", ImportConfig)
 
 
+@composition_errors
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="import")
 @cli_errors
 def main(raw: DictConfig) -> None:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from captioning.config import CONF_DIR, register_schema, to_config
 from captioning.errors import ConfigError
 from captioning.evaluation.probes.job import ProbeScoreConfig, score_probes
-from captioning.jobs import cli_errors
+from captioning.jobs import cli_errors, composition_errors
 from captioning.metrics.scoring import ScoreConfig, score
 
 __all__ = ["ProbeScoreConfig", "ScoreConfig", "main"]
@@ -25,6 +25,7 @@ __all__ = ["ProbeScoreConfig", "ScoreConfig", "main"]
 register_schema("score_schema", ProbeScoreConfig)
 
 
+@composition_errors
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="score")
 @cli_errors
 def main(raw: DictConfig) -> None:
