@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from captioning.reproduce.catalogue import load_catalogue, load_protocol
+from captioning.reproduce.catalogue import claims_of, load_catalogue, load_protocol
 from captioning.reproduce.report import load_records, write_report
 
 RESULTS = REPO / "docs" / "results"
@@ -73,3 +73,19 @@ def test_every_number_in_readme_results_is_in_the_confirmation_reports():
                    f"{v:.{places}f}" == number for v in values):
             missing.append(number)
     assert not missing, f"README Results quotes numbers no confirmation*.json holds: {missing}"
+
+
+def test_readme_counts_the_probes_runs_that_are_committed():
+    """While the probes protocol is incomplete, README Results says how many of its runs are in, and
+    that count is the committed records' (not a sentence left behind by the last update)."""
+    protocol = load_protocol("confirmation_probes")
+    planned = {(v, seed) for claim in claims_of(load_catalogue(), protocol) for v in claim.variants
+               for seed in protocol.seeds_for(claim)}
+    recorded = {(r["variant"], r["data_seed"]) for r in load_records(RESULTS / "runs" / "confirmation_probes")}
+    assert recorded <= planned
+    said = re.search(r"(\d+) of its (\d+) runs", readme_results())
+    if len(recorded) < len(planned):
+        assert said is not None and (int(said[1]), int(said[2])) == (len(recorded), len(planned)), (
+            f"README Results should say {len(recorded)} of its {len(planned)} runs are recorded")
+    else:
+        assert said is None, "the probes protocol is complete: README Results states its verdicts"
