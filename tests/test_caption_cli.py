@@ -205,6 +205,8 @@ def test_resolve_device():
 
 @pytest.mark.slow
 def test_raw_image_features_equal_stored_features(image_ckpt):
+    """Raw media through the backbone as captioning runs it (batch norms folded, as the extraction
+    job folds them) give the stored features bit for bit."""
     from conftest import featurize_files
 
     from captioning.features.backbones import build_backbone
@@ -212,7 +214,7 @@ def test_raw_image_features_equal_stored_features(image_ckpt):
 
     store = FeatureStore.open(image_ckpt["features_dir"])
     paths = [image_ckpt["root"] / "images" / r.path for r in image_ckpt["records"][:5]]
-    got = featurize_files(build_backbone(image_ckpt["enc"]), paths, "image", batch_size=3)
+    got = featurize_files(build_backbone(image_ckpt["enc"]).for_inference(), paths, "image", batch_size=3)
     for r, f in zip(image_ckpt["records"][:5], got, strict=True):
         stored = store[r.item_id]
         assert f.error is None and f.features.dtype == torch.float16
@@ -231,7 +233,7 @@ def test_raw_video_features_equal_stored_features(video_ckpt):
     store = FeatureStore.open(video_ckpt["features_dir"])
     # the extraction's batch (8 videos): the backbone then sees the same frame batch, so fp16 features
     # agree to the bit under any threading (single-threaded convs round differently per batch size)
-    got = featurize_files(build_backbone(video_ckpt["enc"]), video_ckpt["videos"], "video", batch_size=8)
+    got = featurize_files(build_backbone(video_ckpt["enc"]).for_inference(), video_ckpt["videos"], "video", batch_size=8)
     for v, f in zip(video_ckpt["videos"], got, strict=True):
         stored = store[v.stem]
         assert f.error is None

@@ -248,7 +248,8 @@ class Captioner:
             if isinstance(self.module, FinetuneModule):  # its weights are in the checkpoint, not in a file
                 self._encoders = [self.module.encoder]
             else:
-                self._encoders = [b.to(self.device) for b in rebuild_backbones(self.feature_meta, self.source)]
+                self._encoders = [b.for_inference().to(self.device)
+                                  for b in rebuild_backbones(self.feature_meta, self.source)]
         return self._encoders
 
     # ------------------------------------------------------------------------ internals

@@ -291,6 +291,7 @@ def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, fe
     if batch_size < 1 or shard_size < 1 or num_workers < 0:
         raise ConfigError("batch_size and shard_size must be >= 1 and num_workers >= 0")
     start = time.perf_counter()
+    backbone.for_inference()  # frozen: batch norms folded into their convolutions
     cfg = backbone.cfg
     video = kind == "video"
     pre = backbone.preprocessing(video=video)

@@ -22,7 +22,7 @@ Registry keys (``EncoderConfig.name``):
 This package holds the contract (``EncoderConfig``, ``BuiltModel``, ``Backbone``, ``Preprocessing``)
 and the registry ``BACKBONES``; each family is one module that registers its builders there:
 ``torchvision_cnns`` (ResNets, VGG16), ``timm_models`` (EfficientNet-Lite0, any timm model, ViT and
-CLIP patch grids); ``weights`` reads weights files.  The 3-D video networks have their own registry
+CLIP patch grids); ``weights`` reads weights files; ``fusion`` folds batch norms for inference.  The 3-D video networks have their own registry
 in ``captioning.features.clips``.  The modules of this package are imported the first time
 ``BACKBONES`` is read, so adding a backbone is one function registered in ``BACKBONES`` (with the
 function that lists its stages for fine-tuning), in a module of its family or a new one, plus its
@@ -212,6 +212,7 @@ class Backbone(nn.Module):
         self.interpolation = built.interpolation
         self.grid_size = cfg.grid_size
         self._shapes: dict[int, tuple[int, int, int]] = {}
+        self.folded_norms: int | None = None  # for_inference(): how many batch norms were folded
         # NHWC: the depthwise and 1x1 convolutions of mobile networks (EfficientNet) run ~1.7x faster
         # on a CPU in channels-last memory (measured on 2 cores), and cuDNN prefers it for bf16
         if not self.is_clip_encoder:  # 2-D networks (3-D clip weights are rank 5)
@@ -228,6 +229,21 @@ class Backbone(nn.Module):
         if self.grid_size is not None:
             f = F.adaptive_avg_pool2d(f, self.grid_size)
         return f
+
+    def for_inference(self) -> Backbone:
+        """Fold the batch norms into the convolutions before them (``fusion.fold_batch_norms``; in
+        place, once): for extraction and for captioning raw media, never for fine-tuning."""
+        if self.is_clip_encoder or self.folded_norms is not None:
+            return self
+        from captioning.features.backbones.fusion import fold_batch_norms
+
+        p = next(self.parameters(), None)
+        size = self.cfg.image_size
+        example = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+        example = example.to(p.device if p is not None else "cpu").contiguous(memory_format=torch.channels_last)
+        self.folded_norms = fold_batch_norms(self, example)
+        self.to(memory_format=torch.channels_last)
+        return self
 
     def classify(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, 3, H, W] normalised -> ImageNet logits [B, num_classes] (the full classifier)."""
