@@ -164,7 +164,7 @@ def test_every_cli_refuses_a_misspelt_key_or_a_mistyped_value_in_one_line(tmp_pa
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    for (cli, _), (code, err) in zip(calls[:-1], results):
+    for (cli, _), (code, err) in zip(calls[:-1], results[:-1], strict=True):
         assert code == 2 and err.strip().splitlines() == [
             f"error: unknown config key 'ouput_dir' (Key 'ouput_dir' not in '{_SCHEMAS[cli]}'): check its "
             f"spelling (--cfg job prints the composed config with every key)"], (cli, code, err)

@@ -22,11 +22,11 @@ Registry keys (``EncoderConfig.name``):
 This package holds the contract (``EncoderConfig``, ``BuiltModel``, ``Backbone``, ``Preprocessing``)
 and the registry ``BACKBONES``; each family is one module that registers its builders there:
 ``torchvision_cnns`` (ResNets, VGG16), ``timm_models`` (EfficientNet-Lite0, any timm model, ViT and
-CLIP patch grids); ``weights`` reads weights files; ``fusion`` folds batch norms for inference.  The 3-D video networks have their own registry
-in ``captioning.features.clips``.  The modules of this package are imported the first time
-``BACKBONES`` is read, so adding a backbone is one function registered in ``BACKBONES`` (with the
-function that lists its stages for fine-tuning), in a module of its family or a new one, plus its
-``conf/encoder/<name>.yaml``.
+CLIP patch grids); ``weights`` reads weights files; ``fusion`` folds batch norms for inference.
+The 3-D video networks have their own registry in ``captioning.features.clips``.  The modules of
+this package are imported the first time ``BACKBONES`` is read, so adding a backbone is one
+function registered in ``BACKBONES`` (with the function that lists its stages for fine-tuning), in a
+module of its family or a new one, plus its ``conf/encoder/<name>.yaml``.
 
 ``weights``: ``packaged`` | ``pretrained`` (torchvision/timm download, or their local cache) |
 ``none`` (random init, seeded so every process builds the same network; what the tests use, no

@@ -41,9 +41,10 @@ class _Fold:
     bias: nn.Parameter | None
 
 
-def conv_norm_pairs(model: nn.Module, example: torch.Tensor) -> list[tuple[nn.Conv2d, nn.BatchNorm2d]]:
+def conv_norm_pairs(model: nn.Module, example: torch.Tensor
+                    ) -> tuple[list[tuple[nn.Conv2d, nn.BatchNorm2d]], torch.Tensor]:
     """(conv, norm) pairs where the norm's input is the conv's output, each module run once, in a
-    forward of ``example`` through ``model``."""
+    forward of ``example`` through ``model``; and that forward's output."""
     outputs: dict[int, tuple[nn.Conv2d, torch.Tensor]] = {}
     calls: dict[nn.Module, int] = {}
     pairs: list[tuple[nn.Conv2d, nn.BatchNorm2d]] = []
@@ -62,12 +63,12 @@ def conv_norm_pairs(model: nn.Module, example: torch.Tensor) -> list[tuple[nn.Co
              for m in model.modules() if isinstance(m, (nn.Conv2d, nn.BatchNorm2d))]
     try:
         with torch.inference_mode():
-            model(example)
+            output = model(example)
     finally:
         for h in hooks:
             h.remove()
     return [(c, n) for c, n in pairs if calls[c] == 1 and calls[n] == 1 and not n.training
-            and n.track_running_stats and n.running_mean is not None]
+            and n.track_running_stats and n.running_mean is not None], output
 
 
 def _after_norm(norm: nn.BatchNorm2d) -> nn.Module:
@@ -82,11 +83,9 @@ def fold_batch_norms(model: nn.Module, example: torch.Tensor, atol: float = 1e-3
     """Fold, in place, every eval-mode BatchNorm2d of ``model`` into the Conv2d that feeds it (see the
     module docstring); ``example`` [B, 3, H, W] is the input of the dry runs. Returns how many were
     folded (0 when the check failed and everything was undone)."""
-    pairs = conv_norm_pairs(model, example)
+    pairs, before = conv_norm_pairs(model, example)
     if not pairs:
         return 0
-    with torch.inference_mode():
-        before = model(example)
     holders: dict[nn.Module, list[tuple[nn.Module, str]]] = {}
     for parent in model.modules():
         for name, child in parent.named_children():
