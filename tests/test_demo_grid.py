@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from captioning.reproduce.demo_grid import DemoGrid, load_grid
+from captioning.reproduce.demo_grid import DemoGrid, load_grid, main
+from captioning.reproduce.demo_report import write_demo_report
 
 
 def test_a_grid_run_trains_decodes_val_and_writes_its_record(tmp_path):
@@ -48,3 +49,46 @@ def test_a_grid_run_trains_decodes_val_and_writes_its_record(tmp_path):
     assert calls[-1][0] == "evaluate" and evaluate["split"] == "val" and evaluate["decode.beam_size"] == "3"
     calls.clear()
     assert runner.run(["L_learned_seed3"]) == [] and calls == []  # recorded: never repeated
+
+
+def _record(run: str, overrides: list[str], pointing: float, cider: float, threads: int = 1) -> dict:
+    return {"run": run, "store": "efficientnet_lite0_stride16", "grid": "14x14x112",
+            "train_overrides": ["data=shapes", "model=soft_attention", *overrides],
+            "checkpoint": "epoch003.ckpt", "metrics": {"Bleu_4": 0.9, "CIDEr": cider, "ROUGE_L": 0.95},
+            "binding_accuracy": 0.99, "chance_binding_accuracy": 0.5204,
+            "pointing_accuracy": pointing, "chance_pointing_accuracy": 0.0617,
+            "train_provenance": {"git_commit": "0123456789abcdef", "git_dirty": run == "b", "threads": threads},
+            "seconds": {"train": 95.4, "evaluate": 12.0}}
+
+
+def test_the_demo_report_tables_runs_and_ranges_over_training_seeds(tmp_path):
+    grid = {"data": {"images": 3000, "seed": 0}, "common": ["model=soft_attention"], "decode": ["decode=beam"],
+            "runs": {"a": {"overrides": ["optim.lr=2e-3"]}, "b": {"overrides": ["optim.lr=2e-3", "seed=1"]},
+                     "c": {"overrides": ["optim.lr=1e-3"]}, "d": {"overrides": ["optim.lr=1e-3", "seed=7"]}}}
+    records = [_record("a", ["optim.lr=2e-3"], 0.875, 8.1), _record("b", ["optim.lr=2e-3", "seed=1"], 0.62, 7.0),
+               _record("c", ["optim.lr=1e-3"], 0.28, 5.25)]
+    text = write_demo_report(grid, records, tmp_path).read_text()
+    assert "from 3 of the 4 runs" in text and "trained at commits 0123456789 with 1 thread per process" in text
+    assert "1 of them from a working tree with uncommitted changes" in text
+    assert ("| a | 14x14x112 | optim.lr=2e-3 | 0 | 0.900 | 8.100 | 0.990 (0.520) | 0.875 (0.062) "
+            "| epoch003.ckpt | 95 |") in text
+    assert "| b | 14x14x112 | optim.lr=2e-3 | 1 |" in text
+    assert "| d | - | optim.lr=1e-3 seed=7 | - |" + " not run yet |" * 6 in text
+    # a and b differ only by their training seed: one setting, ranges over seeds 0 and 1
+    assert ("| efficientnet_lite0_stride16 model=soft_attention optim.lr=2e-3 | 0,1 | 0.900 | 7.000-8.100 "
+            "| 0.990 | 0.620-0.875 |") in text
+    assert "| efficientnet_lite0_stride16 model=soft_attention optim.lr=1e-3 | 0 | 0.900 | 5.250 | 0.990 | 0.280 |" in text
+
+
+def test_the_demo_report_is_written_from_the_records_alone(tmp_path, capsys):
+    records = tmp_path / "demo"
+    records.mkdir()
+    (records / "make_demo").mkdir()  # make demo's own folder is not a grid run
+    grid = load_grid()
+    name = next(iter(grid["runs"]))
+    (records / f"{name}.json").write_text(json.dumps(_record(name, grid["runs"][name]["overrides"], 0.5, 6.0)))
+    main(["--report", "--records", str(records), "--work", str(tmp_path / "never")])
+    assert not (tmp_path / "never").exists()  # nothing ran
+    text = (tmp_path / "demo_grid.md").read_text()
+    assert f"from 1 of the {len(grid['runs'])} runs" in text and f"| {name} | 14x14x112 |" in text
+    assert "written: " in capsys.readouterr().out

@@ -14,6 +14,8 @@ import pytest
 from conftest import REPO
 
 from captioning.reproduce.catalogue import claims_of, load_catalogue, load_protocol
+from captioning.reproduce.demo_grid import load_grid
+from captioning.reproduce.demo_report import load_demo_records, write_demo_report
 from captioning.reproduce.report import load_records, write_report
 
 RESULTS = REPO / "docs" / "results"
@@ -89,3 +91,17 @@ def test_readme_counts_the_probes_runs_that_are_committed():
             f"README Results should say {len(recorded)} of its {len(planned)} runs are recorded")
     else:
         assert said is None, "the probes protocol is complete: README Results states its verdicts"
+
+
+def test_the_demo_report_regenerates_byte_for_byte_and_follows_its_records(tmp_path):
+    """docs/results/demo_grid.md is what ``python -m captioning.reproduce.demo_grid --report`` writes
+    from the committed docs/results/demo/*.json, and a record edited by 0.01 CIDEr changes it."""
+    grid, records = load_grid(), load_demo_records(RESULTS / "demo")
+    path = write_demo_report(grid, records, tmp_path)
+    assert path.read_bytes() == (RESULTS / "demo_grid.md").read_bytes(), (
+        "docs/results/demo_grid.md is not what its records give: regenerate it with "
+        "python -m captioning.reproduce.demo_grid --report")
+    if records:
+        edited = [{**records[0], "metrics": {**records[0]["metrics"], "CIDEr": records[0]["metrics"]["CIDEr"] + 0.01}},
+                  *records[1:]]
+        assert write_demo_report(grid, edited, tmp_path / "edited").read_bytes() != path.read_bytes()

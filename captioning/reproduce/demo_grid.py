@@ -6,7 +6,8 @@ Each run is trained and decoded on val (settings were chosen on val only) throug
 and its record ``docs/results/demo/<run>.json`` is written here from what ran: the store and its
 grid as its metadata gives it, the train overrides as passed, the checkpoint (the best by the
 training's greedy val CIDEr), the val metrics, binding and grounding with their chance levels,
-seconds measured, and both provenances.  A run whose record exists is never repeated.
+seconds measured, and both provenances.  A run whose record exists is never repeated.  Then the
+report ``docs/results/demo_grid.md`` is written from the records (``--report``: from them alone).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from omegaconf import OmegaConf
 
 from captioning.config import CONF_DIR
 from captioning.provenance import provenance
+from captioning.reproduce.demo_report import load_demo_records, write_demo_report
 from captioning.reproduce.runner import GROUNDING_KEYS, STRUCTURE_KEYS, Cli, run_cli
 from captioning.utils.io import atomic_write_json, read_json
 
@@ -101,11 +103,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", nargs="+", default=None, help="only these runs")
     parser.add_argument("--work", default="results/demo_grid", help="data, stores and checkpoints")
     parser.add_argument("--records", default="docs/results/demo", help="the per-run records")
+    parser.add_argument("--report", action="store_true", help="write the report from the records, run nothing")
     args = parser.parse_args(argv)
     grid = load_grid()
     os.environ.setdefault("OMP_NUM_THREADS", str(grid.get("threads", 1)))  # as the search ran
-    for path in DemoGrid(grid, Path(args.work), Path(args.records)).run(args.runs):
-        print(f"written: {path}", flush=True)
+    records = Path(args.records)
+    if not args.report:
+        for path in DemoGrid(grid, Path(args.work), records).run(args.runs):
+            print(f"written: {path}", flush=True)
+    report = write_demo_report(grid, load_demo_records(records), records.parent)
+    print(report.read_text(encoding="utf-8"))
+    print(f"written: {report}")
 
 
 if __name__ == "__main__":
