@@ -33,10 +33,15 @@ def value(record: Mapping[str, Any], key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def setting(record: Mapping[str, Any]) -> str:
-    """The run's store and train overrides less its training seed: runs that share it differ only by seed."""
-    keep = [o for o in record["train_overrides"] if not o.startswith(("seed=", "data="))]
-    return f"{record['store']} " + " ".join(keep)
+def overrides(record: Mapping[str, Any], common: Sequence[str]) -> str:
+    """The run's own train overrides: less the dataset, the grid's common ones and the training seed."""
+    return " ".join(o for o in record["train_overrides"]
+                    if o != "data=shapes" and o not in common and not o.startswith("seed="))
+
+
+def setting(record: Mapping[str, Any], common: Sequence[str]) -> str:
+    """The run's store and own overrides: runs that share it differ only by their training seed."""
+    return f"{record['store']}: {overrides(record, common)}"
 
 
 def training_seed(record: Mapping[str, Any]) -> int:
@@ -60,26 +65,25 @@ def _range(values: Sequence[float]) -> str:
 def runs_table(grid: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[str]:
     """One row per run of the grid, in the grid's order; a run without a record says so."""
     by_name = {r["run"]: r for r in records}
-    head = ["run", "grid", "overrides", "seed", *(c for c, _, _ in COLUMNS), "checkpoint", "train s"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|---|---:|" + "---:|" * len(COLUMNS) + "---|---:|"]
+    head = ["run", "grid", "overrides", "seed", *(c for c, _, _ in COLUMNS), "checkpoint"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---|---:|" + "---:|" * len(COLUMNS) + "---|"]
     for name, spec in grid["runs"].items():
         r = by_name.get(name)
         if r is None:
-            lines.append(f"| {name} | - | {' '.join(spec['overrides'])} | - |" + " not run yet |" * (len(COLUMNS) + 2))
+            lines.append(f"| {name} | - | {' '.join(spec['overrides'])} | - |" + " not run yet |" * (len(COLUMNS) + 1))
             continue
-        overrides = " ".join(o for o in r["train_overrides"] if o not in grid["common"] and o != "data=shapes"
-                             and not o.startswith("seed="))
         cells = [_cell(r, key, chance) for _, key, chance in COLUMNS]
-        lines.append(f"| {name} | {r['grid']} | {overrides} | {training_seed(r)} | " + " | ".join(cells)
-                     + f" | {r['checkpoint']} | {r['seconds']['train']:.0f} |")
+        lines.append(f"| {name} | {r['grid']} | {overrides(r, grid['common'])} | {training_seed(r)} | "
+                     + " | ".join(cells) + f" | {r['checkpoint']} |")
     return lines
 
 
-def settings_table(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One row per setting: its training seeds and each column's range over them."""
+def settings_table(grid: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One row per setting, in the grid's order: its training seeds and each column's range over them."""
+    order = {name: i for i, name in enumerate(grid["runs"])}
     groups: dict[str, list[Mapping[str, Any]]] = {}
-    for r in records:
-        groups.setdefault(setting(r), []).append(r)
+    for r in sorted(records, key=lambda r: order.get(r["run"], len(order))):
+        groups.setdefault(setting(r, grid["common"]), []).append(r)
     lines = ["| setting (store, overrides) | training seeds | " + " | ".join(c for c, _, _ in COLUMNS) + " |",
              "|---|---|" + "---:|" * len(COLUMNS)]
     for name, runs in groups.items():
@@ -119,9 +123,9 @@ def write_demo_report(grid: Mapping[str, Any], records: Sequence[Mapping[str, An
              f"({provenance_note(records)}). Data: `shapes`, {d['images']} images, data seed {d['seed']}; "
              f"every run `{' '.join(grid['common'])}`; decoded on val with `{' '.join(grid['decode'])}`, "
              "the checkpoint with the best greedy val CIDEr. Chance levels in parentheses, each run's own. "
-             "The test split plays no part.", "",
+             "The test split plays no part; seconds are in the records (the runs shared the machine).", "",
              "## Runs", "", *runs_table(grid, records), "",
-             "## Settings: the range over training seeds", "", *settings_table(records), ""]
+             "## Settings: the range over training seeds", "", *settings_table(grid, records), ""]
     path = Path(out) / "demo_grid.md"
     atomic_write_text(path, "\n".join(lines))
     return path
