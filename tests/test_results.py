@@ -105,3 +105,15 @@ def test_the_demo_report_regenerates_byte_for_byte_and_follows_its_records(tmp_p
         edited = [{**records[0], "metrics": {**records[0]["metrics"], "CIDEr": records[0]["metrics"]["CIDEr"] + 0.01}},
                   *records[1:]]
         assert write_demo_report(grid, edited, tmp_path / "edited").read_bytes() != path.read_bytes()
+
+
+def test_every_number_of_the_demo_search_in_docs_is_in_its_report():
+    """docs/demo.md's figures of the search (from its decoder paragraph to the timing section) are
+    numbers docs/results/demo_grid.md prints, which regenerates from the committed records."""
+    doc = (REPO / "docs" / "demo.md").read_text(encoding="utf-8")
+    search = doc.split("**The decoder:", 1)[1].split("\n## Time", 1)[0]
+    report = set(re.findall(r"\d+\.\d+", (RESULTS / "demo_grid.md").read_text(encoding="utf-8")))
+    quoted = re.findall(r"(?<![\w.])\d+\.\d+", search)
+    assert quoted, "docs/demo.md quotes no figure of the search"
+    assert not [n for n in quoted if n not in report], (
+        f"docs/demo.md quotes figures docs/results/demo_grid.md does not hold: {[n for n in quoted if n not in report]}")
