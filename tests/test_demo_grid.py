@@ -51,13 +51,13 @@ def test_a_grid_run_trains_decodes_val_and_writes_its_record(tmp_path):
     assert runner.run(["L_learned_seed3"]) == [] and calls == []  # recorded: never repeated
 
 
-def _record(run: str, overrides: list[str], pointing: float, cider: float, threads: int = 1) -> dict:
+def _record(run: str, overrides: list[str], pointing: float, cider: float) -> dict:
     return {"run": run, "store": "efficientnet_lite0_stride16", "grid": "14x14x112",
             "train_overrides": ["data=shapes", "model=soft_attention", *overrides],
             "checkpoint": "epoch003.ckpt", "metrics": {"Bleu_4": 0.9, "CIDEr": cider, "ROUGE_L": 0.95},
             "binding_accuracy": 0.99, "chance_binding_accuracy": 0.5204,
             "pointing_accuracy": pointing, "chance_pointing_accuracy": 0.0617,
-            "train_provenance": {"git_commit": "0123456789abcdef", "git_dirty": run == "b", "threads": threads},
+            "train_provenance": {"git_commit": "0123456789abcdef", "git_dirty": run == "b", "threads": 1},
             "seconds": {"train": 95.4, "evaluate": 12.0}}
 
 
@@ -68,8 +68,8 @@ def test_the_demo_report_tables_runs_and_ranges_over_training_seeds(tmp_path):
     records = [_record("c", ["optim.lr=1e-3"], 0.28, 5.25), _record("a", ["optim.lr=2e-3"], 0.875, 8.1),
                _record("b", ["optim.lr=2e-3", "seed=1"], 0.62, 7.0)]
     text = write_demo_report(grid, records, tmp_path).read_text()
-    assert "from 3 of the 4 runs" in text and "trained at commits 0123456789 with 1 thread per process" in text
-    assert "1 of them from a working tree with uncommitted changes" in text
+    assert "from 3 of the 4 runs" in text and "trained at commits 0123456789; 1 of them from a working tree" in text
+    assert "uncommitted changes, so their code is that commit plus edits no record keeps: b; 1 thread per process)" in text
     assert "| a | 14x14x112 | optim.lr=2e-3 | 0 | 0.900 | 8.100 | 0.990 (0.520) | 0.875 (0.062) | epoch003.ckpt |" in text
     assert "| b | 14x14x112 | optim.lr=2e-3 | 1 |" in text
     assert "| d | - | optim.lr=1e-3 seed=7 | - |" + " not run yet |" * 5 in text

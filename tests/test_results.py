@@ -101,10 +101,10 @@ def test_the_demo_report_regenerates_byte_for_byte_and_follows_its_records(tmp_p
     assert path.read_bytes() == (RESULTS / "demo_grid.md").read_bytes(), (
         "docs/results/demo_grid.md is not what its records give: regenerate it with "
         "python -m captioning.reproduce.demo_grid --report")
-    if records:
-        edited = [{**records[0], "metrics": {**records[0]["metrics"], "CIDEr": records[0]["metrics"]["CIDEr"] + 0.01}},
-                  *records[1:]]
-        assert write_demo_report(grid, edited, tmp_path / "edited").read_bytes() != path.read_bytes()
+    assert len(records) == len(grid["runs"]), "every run of conf/reproduce/demo_grid.yaml has its record"
+    edited = [{**records[0], "metrics": {**records[0]["metrics"], "CIDEr": records[0]["metrics"]["CIDEr"] + 0.01}},
+              *records[1:]]
+    assert write_demo_report(grid, edited, tmp_path / "edited").read_bytes() != path.read_bytes()
 
 
 def test_every_number_of_the_demo_search_in_docs_is_in_its_report():

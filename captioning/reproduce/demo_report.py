@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from captioning.reproduce import report
 from captioning.utils.io import atomic_write_text
 
 #: (column, record key, chance key or None)
@@ -97,20 +98,14 @@ def settings_table(grid: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
 
 
 def provenance_note(records: Sequence[Mapping[str, Any]]) -> str:
-    """The commits the runs were trained at, the runs trained from a tree with uncommitted changes,
-    and the thread counts they ran with."""
+    """The protocol reports' note (commits, runs from a dirty tree) with the thread counts the runs
+    ran with."""
     if not records:
         return "none recorded yet"
-    prov = [r.get("train_provenance") or {} for r in records]
-    commits = sorted({p.get("git_commit", "?")[:10] for p in prov})
-    dirty = [r["run"] for r, p in zip(records, prov, strict=True) if p.get("git_dirty")]
-    threads = sorted({p["threads"] for p in prov if "threads" in p})
-    note = f"trained at commits {', '.join(commits)}"
+    threads = sorted({p["threads"] for r in records if "threads" in (p := r.get("train_provenance") or {})})
+    note = report.provenance_note(records, label=lambda r: r["run"])
     if threads:
-        note += f" with {' or '.join(str(t) for t in threads)} thread{'s' if threads != [1] else ''} per process"
-    if dirty:
-        note += (f"; {len(dirty)} of them from a working tree with uncommitted changes, so their code is "
-                 f"that commit plus edits no record keeps: {', '.join(dirty)}")
+        note += f"; {' or '.join(str(t) for t in threads)} thread{'s' if threads != [1] else ''} per process"
     return note
 
 

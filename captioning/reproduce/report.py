@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,11 +210,17 @@ def seeds_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> list
     return lines
 
 
-def provenance_note(records: Sequence[Mapping[str, Any]]) -> str:
-    """The commits the runs were trained at, and which runs were trained from a tree with
-    uncommitted changes (``git_dirty`` in their training provenance)."""
+def run_label(record: Mapping[str, Any]) -> str:
+    """A protocol run's name: ``<variant>/d<data seed>``."""
+    return f"{record['variant']}/d{record['data_seed']}"
+
+
+def provenance_note(records: Sequence[Mapping[str, Any]],
+                    label: Callable[[Mapping[str, Any]], str] = run_label) -> str:
+    """The commits the runs were trained at, and which runs (named by ``label``) were trained from a
+    tree with uncommitted changes (``git_dirty`` in their training provenance)."""
     commits = sorted({(r.get("train_provenance") or {}).get("git_commit", "?")[:10] for r in records})
-    dirty = [f"{r['variant']}/d{r['data_seed']}" for r in records if (r.get("train_provenance") or {}).get("git_dirty")]
+    dirty = [label(r) for r in records if (r.get("train_provenance") or {}).get("git_dirty")]
     note = f"trained at commits {', '.join(commits)}"
     if dirty:
         note += (f"; {len(dirty)} of them from a working tree with uncommitted changes, so their code is "
