@@ -41,16 +41,16 @@ data: $(STAMP)
 ## (data seed 0), then the confirmation on fresh data seeds; each run leaves its record in
 ## docs/results/runs/ and is never repeated; the reports land in docs/results/ (hours on 2 CPU cores)
 reproduce: $(STAMP)
-	$(PY) -m captioning.reproduce --protocol development
-	$(PY) -m captioning.reproduce --protocol confirmation
+	$(PY) -m captioning_reproduce --protocol development
+	$(PY) -m captioning_reproduce --protocol confirmation
 
 ## make reproduce-report: the reports from the committed records only (runs nothing)
 reproduce-report: $(STAMP)
-	$(PY) -m captioning.reproduce --protocol development --report
-	$(PY) -m captioning.reproduce --protocol confirmation --report
+	$(PY) -m captioning_reproduce --protocol development --report
+	$(PY) -m captioning_reproduce --protocol confirmation --report
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check captioning tests
+	$(VENV)/bin/ruff check captioning captioning_bench captioning_reproduce tests
 
 ## make strip-notebooks: clear outputs before committing notebooks (a test checks they are stripped)
 strip-notebooks: $(STAMP)

@@ -141,7 +141,7 @@ def train(args: argparse.Namespace) -> int:
 
 def clock(args: argparse.Namespace) -> int:
     """A training run's steady-state steps/s from its ``StepClock`` file (the wall time at the end of
-    every batch; ``captioning.benchmarks.train_cli.steady_state``, which this repeats in the standard
+    every batch; ``captioning_bench.train_cli.steady_state``, which this repeats in the standard
     library): the steps after the first ``warmup`` and after each epoch's first, per second."""
     path = Path(args.clock)
     if not path.is_file():

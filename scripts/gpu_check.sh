@@ -64,7 +64,7 @@ QUIET=(trainer.enable_progress_bar=false)
 TRAIN=(optim.lr=1e-3 optim.warmup_steps=10 logger=csv callbacks.progress=null callbacks.attention_images=null
        callbacks.early_stopping=null trainer.log_every_n_steps=5 "${QUIET[@]}")
 EVAL=(split=test decode=greedy "metrics=[bleu,rouge,cider]" num_workers=2 grounding=false "${QUIET[@]}")
-BENCH=("$PY" -m captioning.cli.bench)
+BENCH=("$PY" -m captioning_bench.cli)
 
 # stage NAME BOX LOG CMD...: run CMD under `timeout` (BOX s, or what is left of the budget), its output
 # appended to OUTDIR/LOG; one JSON line records status, exit code and seconds.  Returns CMD's status.
@@ -198,7 +198,7 @@ if [[ -f "$CKPT" ]] || ((DRY_RUN)); then
   ((DRY_RUN)) || rm -rf "$SCST_RUN"
   if stage train-scst 200 compile.log "$PY" -m captioning.cli.train "${DATA[@]}" trainer=gpu stage=scst \
        "init_from=$CKPT" data.batch_size=16 trainer.max_epochs=1 "${TRAIN[@]}" \
-       "+callbacks.clock._target_=captioning.benchmarks.train_cli.StepClock" "+callbacks.clock.path=$SCST_RUN/clock.json" \
+       "+callbacks.clock._target_=captioning_bench.train_cli.StepClock" "+callbacks.clock.path=$SCST_RUN/clock.json" \
        "hydra.run.dir=$SCST_RUN"; then
     stage train-scst-figures 15 compile.log "$PY" scripts/gpu_check.py clock "$SCST_RUN/clock.json" "$FIG" \
       --label scst_compile_auto

@@ -63,7 +63,7 @@ def run_bench(name: str, argv: str) -> list[dict]:
     import argparse
     import importlib
 
-    bench = importlib.import_module(f"captioning.benchmarks.{name}")
+    bench = importlib.import_module(f"captioning_bench.{name}")
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")
     bench.add_arguments(parser)

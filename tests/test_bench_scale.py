@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from conftest import run_bench
 
-import captioning.benchmarks.scale as scale_bench
-from captioning.benchmarks.scale import memory, synthetic
-from captioning.benchmarks.scale.stages import INDEX_BYTES_PER_ITEM, Scale, fit_shape
+import captioning_bench.scale as scale_bench
 from captioning.store.feature_store import FeatureStore
+from captioning_bench.scale import memory, synthetic
+from captioning_bench.scale.stages import INDEX_BYTES_PER_ITEM, Scale, fit_shape
 
 ITEMS, EVAL, GRID, DIM, BATCH, STEPS = 48, 8, 2, 8, 8, 3
 TOTAL, ITEM_BYTES = ITEMS + 2 * EVAL, GRID * GRID * DIM * 2

@@ -1,5 +1,5 @@
 """``captioning-bench train --cli``: captioning-train's steady-state step rate beside the benchmark's
-(``captioning.benchmarks.train_cli``): the steady state hand-computed, the CLI's overrides compose,
+(``captioning_bench.train_cli``): the steady state hand-computed, the CLI's overrides compose,
 the synthetic dataset has the benchmark's shape, and a real run on a CPU."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import json
 import pytest
 from conftest import run_bench
 
-from captioning.benchmarks import train as bench_train
-from captioning.benchmarks.train_cli import cli_overrides, steady_state, write_dataset
 from captioning.store.feature_store import FeatureStore
+from captioning_bench import train as bench_train
+from captioning_bench.train_cli import cli_overrides, steady_state, write_dataset
 
 TINY = "--batch-size 4 --regions 4 --feature-dim 8 --hidden 8 --attention-dim 4 --embed 8 --vocab 30 --length 6"
 
@@ -71,7 +71,7 @@ def test_a_cli_run_beside_the_benchmark_on_a_cpu() -> None:
 def test_dispatched_ops_leave_views_out() -> None:
     import torch
 
-    from captioning.benchmarks.dispatch import dispatched_ops
+    from captioning_bench.dispatch import dispatched_ops
 
     x = torch.randn(3, 4)
     assert dispatched_ops(lambda: (x.t().unsqueeze(0) * 2).sum()) == 2  # mul, sum: the views launch nothing

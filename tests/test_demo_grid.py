@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from captioning.reproduce.demo_grid import DemoGrid, load_grid, main
-from captioning.reproduce.demo_report import write_demo_report
+from captioning_reproduce.demo_grid import DemoGrid, load_grid, main
+from captioning_reproduce.demo_report import write_demo_report
 
 
 def test_a_grid_run_trains_decodes_val_and_writes_its_record(tmp_path):

@@ -172,7 +172,7 @@ def broken_links(files: list[Path], repo: Path = REPO) -> list[str]:
 class Command:
     where: str  # file:line
     kind: str  # cli | module | make | pytest
-    name: str  # captioning-train | captioning.reproduce | target | ''
+    name: str  # captioning-train | captioning_reproduce | target | ''
     args: tuple[str, ...]
 
 
@@ -334,10 +334,10 @@ def _compose_main() -> None:
     import torch
 
     torch.cuda.is_available = lambda: True  # `--device cuda` parses as on a GPU machine; nothing runs
-    from captioning.cli import bench as bench_cli
+    from captioning_bench import cli as bench_cli
 
     for name in bench_cli.BENCHMARKS:  # argument parsing only: run() does nothing
-        importlib.import_module(f"captioning.benchmarks.{name.replace('-', '_')}").run = lambda args: []
+        importlib.import_module(f"captioning_bench.{name.replace('-', '_')}").run = lambda args: []
     jobs = json.load(sys.stdin)
     results = [_call(target, argv, is_bench) for target, argv, is_bench in jobs]
     sys.stdout.write(json.dumps(results))
@@ -413,7 +413,7 @@ def test_shell_blocks_are_read_as_a_shell_reads_them():
         "    'callbacks=[default,swa]' hydra.run.dir=$R/s${S} > log.txt 2>&1",
         "done",
         "captioning-evaluate ckpt_path=<xe run>/checkpoints/best.ckpt && make demo test",
-        "python -m captioning.cli.score results=r.json; python -m captioning.reproduce --report",
+        "python -m captioning.cli.score results=r.json; python -m captioning_reproduce --report",
     ]))
     known = {f"captioning-{job}": f"captioning.cli.{job}:main" for job in ("train", "evaluate", "score")}
     got = block_commands(block, known)
@@ -422,7 +422,7 @@ def test_shell_blocks_are_read_as_a_shell_reads_them():
         Command("README.md:16", "cli", "captioning-evaluate", ("ckpt_path=xe_run/checkpoints/best.ckpt",)),
         Command("README.md:16", "make", "demo", ()), Command("README.md:16", "make", "test", ()),
         Command("README.md:17", "cli", "captioning-score", ("results=r.json",)),
-        Command("README.md:17", "module", "captioning.reproduce", ("--report",)),
+        Command("README.md:17", "module", "captioning_reproduce", ("--report",)),
     ]
     assert hydra_argvs(("-m", "model=a,b", "seed=0,1,2")) == [
         ["model=a", "seed=0", "--cfg", "job"], ["model=b", "seed=0", "--cfg", "job"],
@@ -576,8 +576,10 @@ def test_every_checkpoint_the_docs_name_is_written_by_a_training_and_evaluates(t
 # that is no module path of the package (``store.read``, ``torch.load``) are not code-name claims.
 # Anywhere in the docs and docstrings, an absolute path of one machine is refused (``MACHINE_PATH``).
 
+#: the library and its sibling packages (benchmarks, reproduction runner): what code names may start with
+PACKAGES = ("captioning", "captioning_bench", "captioning_reproduce")
 CODE_SUFFIXES = ("py", "yaml", "yml", "sh", "ipynb", "toml", "md")
-TRACKED_DIRS = ("captioning/", "conf/", "tests/", "docs/", "scripts/", "notebooks/", ".ci/")
+TRACKED_DIRS = ("captioning/", "captioning_bench/", "captioning_reproduce/", "conf/", "tests/", "docs/", "scripts/", "notebooks/", ".ci/")
 #: an absolute path of one machine: a home or work folder, a virtual environment, installed packages
 MACHINE_PATH = re.compile(r"(?<![\w.~:])/(?:(?:work|home|Users|root|scratch|mnt)/|(?:[^\s`'\"()]+/)?"
                           r"(?:\.?venv|virtualenvs?|site-packages)(?=/|\b))[^\s`'\"()]*")
@@ -646,7 +648,7 @@ def code_index(repo: Path = REPO) -> CodeIndex:
     functions: set[str] = set()
     strings: set[str] = set()
     imported: set[str] = set()
-    for path in sorted((repo / "captioning").rglob("*.py")):
+    for path in sorted(p for root in PACKAGES for p in (repo / root).rglob("*.py")):
         parts = list(path.relative_to(repo).with_suffix("").parts)
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -717,8 +719,8 @@ def span_problems(span: str, index: CodeIndex, calls: bool = True) -> list[str]:
     parts = head.split(".")
     if PATH_TOKEN.fullmatch(head):
         return out
-    if parts[0] == "captioning" or (len(parts) > 2 and f"captioning.{parts[0]}.{parts[1]}" in index.modules):
-        full = head if parts[0] == "captioning" else f"captioning.{head}"
+    if parts[0] in PACKAGES or (len(parts) > 2 and f"captioning.{parts[0]}.{parts[1]}" in index.modules):
+        full = head if parts[0] in PACKAGES else f"captioning.{head}"
         why = _dotted_problem(full, index)
     elif CAMEL.fullmatch(parts[0]) or CAPS.fullmatch(parts[0]) or (len(parts) > 1 and CLASS.fullmatch(parts[0])):
         if not _known_name(parts[0], index) and not (CAPS.fullmatch(parts[0]) and parts[0] in index.strings):
@@ -819,7 +821,7 @@ def test_the_code_name_checker_finds_what_does_not_exist(tmp_path):
 def test_every_code_name_in_the_docs_and_docstrings_exists():
     index = code_index()
     md = [*doc_files(), REPO / "data" / "README.md"]
-    problems = code_name_problems(md, sorted((REPO / "captioning").rglob("*.py")), index)
+    problems = code_name_problems(md, sorted(p for root in PACKAGES for p in (REPO / root).rglob("*.py")), index)
     assert not problems, "names and paths that do not exist:\n" + "\n".join(problems)
 
 

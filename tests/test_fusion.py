@@ -180,7 +180,7 @@ def test_the_extraction_job_folds_the_norms(tmp_path):
 def test_the_extraction_benchmark_reports_the_fold_against_the_network_as_built(tmp_path):
     import json
 
-    from captioning.cli.bench import main
+    from captioning_bench.cli import main
 
     out = tmp_path / "bench.jsonl"
     assert main(["extract-images", "--device", "cpu", "--num-images", "8", "--batch-size", "4", "--image-size", "64",

@@ -71,7 +71,7 @@ def test_dry_run_prints_every_stage_with_its_box_and_records_no_device(dry_run) 
 
 
 def _bench_problem(argv: list[str]) -> str | None:
-    from captioning.cli.bench import BENCHMARKS
+    from captioning_bench.cli import BENCHMARKS
 
     name, rest = argv[0], argv[1:]
     if name not in BENCHMARKS:
@@ -79,7 +79,7 @@ def _bench_problem(argv: list[str]) -> str | None:
     parser = argparse.ArgumentParser(exit_on_error=False, allow_abbrev=False)
     parser.add_argument("--device", choices=["cpu", "cuda"])
     parser.add_argument("--output")
-    importlib.import_module(f"captioning.benchmarks.{name.replace('-', '_')}").add_arguments(parser)
+    importlib.import_module(f"captioning_bench.{name.replace('-', '_')}").add_arguments(parser)
     try:
         _, unknown = parser.parse_known_args(rest)
     except (argparse.ArgumentError, SystemExit) as e:
@@ -132,7 +132,7 @@ def command_problems(commands: list[list[str]]) -> list[str]:
                 problems.append(f"gpu_check.py {argv[2:]}")
         elif argv[1] != "-m":
             problems.append(f"unknown command {argv}")
-        elif argv[2] == "captioning.cli.bench":
+        elif argv[2] == "captioning_bench.cli":
             problems.append(_bench_problem(argv[3:]))
         elif argv[2].startswith("captioning.cli."):
             job = argv[2].rsplit(".", 1)[1]
@@ -161,7 +161,7 @@ def test_the_existence_check_fails_on_a_missing_module_override_flag_or_test(dry
         [*by_name["train-gpu"], "trainer=tpu"],  # a group option that does not exist
         [*by_name["eval-cpu"], "decode.beams=3"],  # a key that does not exist
         [*by_name["bench-beam"], "--beams", "5"],  # a benchmark flag that does not exist
-        [sys.executable, "-m", "captioning.cli.bench", "trian", "--device", "cuda"],
+        [sys.executable, "-m", "captioning_bench.cli", "trian", "--device", "cuda"],
         [sys.executable, "-m", "captioning.cli.trainer", "data=shapes"],
         [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu_missing.py"],
         [sys.executable, "scripts/gpu_check.py", "compare", "only-one-dir"],

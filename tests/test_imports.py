@@ -9,6 +9,7 @@ name`` is an edge to the submodule ``package.name`` when there is one, else to t
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from pathlib import Path
 
@@ -138,7 +139,10 @@ def test_every_cli_module_is_thin():
 #: before it (metrics sit below train, which scores validation with them; the evaluate job, which
 #: loads trained models, sits above train in evaluation/).
 LAYERS = ["errors", "registry", "utils", "config", "jobs", "provenance", "predictions", "store", "data", "metrics", "features",
-          "models", "viz", "train", "evaluation", "caption", "reproduce", "benchmarks", "demo", "cli"]
+          "models", "viz", "train", "evaluation", "caption", "demo", "cli"]
+#: Sibling packages of the repository that use the library and that the library never imports: the
+#: benchmarks (captioning-bench) and the reproduction runner (make reproduce)
+SIBLINGS = ("captioning_bench", "captioning_reproduce")
 
 
 def upward_imports(graph: dict[str, set[str]], layers: list[str]) -> list[tuple[str, str]]:
@@ -171,3 +175,31 @@ def test_cli_modules_hold_no_job():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
         assert defined in ([], ["main"]), (path.name, defined)
+
+
+def test_the_library_imports_no_sibling_package():
+    """``captioning`` is the product: the benchmarks and the reproduction runner use it from beside
+    it (``captioning_bench``, ``captioning_reproduce``) and it never imports them, at any depth."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in SIBLINGS]
+    assert not found, found
+    assert all((REPO / s / "__init__.py").is_file() for s in SIBLINGS)
+
+
+def test_the_runtime_dependencies_leave_out_what_only_the_siblings_need():
+    """scipy (the reproduction's t quantiles) and psutil (the scale benchmark's memory and disk
+    stages) are extras (bench, reproduce) that ``make install`` takes through ``dev``, not
+    dependencies of the library."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    runtime = {re.split(r"[<>=!;\[ ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    assert not runtime & {"scipy", "psutil"}, runtime
+    extras = project["optional-dependencies"]
+    assert any(d.startswith("scipy") for d in extras["reproduce"]) and any(d.startswith("psutil") for d in extras["bench"])
+    assert "captioning[bench,reproduce]" in extras["dev"]
+    assert project["scripts"]["captioning-bench"] == "captioning_bench.cli:main"

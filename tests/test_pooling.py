@@ -8,9 +8,9 @@ import math
 import pytest
 from scipy import stats
 
-from captioning.reproduce.catalogue import Claim, load_catalogue, load_protocol
-from captioning.reproduce.pooling import SeedEstimate, claim_pooled, pool, seed_estimate
-from captioning.reproduce.report import claims_table, t_interval, verdict
+from captioning_reproduce.catalogue import Claim, load_catalogue, load_protocol
+from captioning_reproduce.pooling import SeedEstimate, claim_pooled, pool, seed_estimate
+from captioning_reproduce.report import claims_table, t_interval, verdict
 
 
 def test_seed_estimate_by_hand():

@@ -15,9 +15,9 @@ import pytest
 from conftest import REPO
 
 from captioning.errors import ConfigError
-from captioning.reproduce.catalogue import Claim, load_catalogue, load_protocol
-from captioning.reproduce.report import claim_values, t_interval, verdict, write_report
-from captioning.reproduce.runner import Runner, needed
+from captioning_reproduce.catalogue import Claim, load_catalogue, load_protocol
+from captioning_reproduce.report import claim_values, t_interval, verdict, write_report
+from captioning_reproduce.runner import Runner, needed
 
 CATALOGUE = load_catalogue()
 
@@ -194,7 +194,7 @@ def test_a_tiny_protocol_runs_through_the_clis(tmp_path):
                         "decode: {shapes: [decode=beam, decode.beam_size=2], moving_shapes: [decode=beam]}\n"
                         "select_on_val: false\nverdict: {confidence: 0.95}\n")  # selection: the fake-CLI test
     env = {**os.environ, "MPLBACKEND": "Agg"}
-    proc = subprocess.run([sys.executable, "-m", "captioning.reproduce", "--protocol", str(protocol),
+    proc = subprocess.run([sys.executable, "-m", "captioning_reproduce", "--protocol", str(protocol),
                            "--variants", "soft_additive", "mean_pool", "--work", str(tmp_path / "work"),
                            "--results", str(tmp_path / "results")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)

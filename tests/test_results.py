@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from captioning.reproduce.catalogue import claims_of, load_catalogue, load_protocol
-from captioning.reproduce.demo_grid import load_grid
-from captioning.reproduce.demo_report import load_demo_records, write_demo_report
-from captioning.reproduce.report import load_records, write_report
+from captioning_reproduce.catalogue import claims_of, load_catalogue, load_protocol
+from captioning_reproduce.demo_grid import load_grid
+from captioning_reproduce.demo_report import load_demo_records, write_demo_report
+from captioning_reproduce.report import load_records, write_report
 
 RESULTS = REPO / "docs" / "results"
 PROTOCOLS = sorted(p.stem for p in RESULTS.glob("*.json"))
 
 
 def regenerate(name: str, runs: Path, out: Path) -> Path:
-    """What ``python -m captioning.reproduce --protocol <name> --report`` writes, into ``out``."""
+    """What ``python -m captioning_reproduce --protocol <name> --report`` writes, into ``out``."""
     development = load_records(runs / "development") if name != "development" else None
     return write_report(load_catalogue(), load_protocol(name), load_records(runs / name), out, development)
 
@@ -38,7 +38,7 @@ def test_a_report_regenerates_byte_for_byte_from_the_committed_records(name, tmp
     for suffix in (".md", ".json"):
         assert path.with_suffix(suffix).read_bytes() == (RESULTS / f"{name}{suffix}").read_bytes(), (
             f"docs/results/{name}{suffix} is not what its records give: regenerate it with "
-            f"python -m captioning.reproduce --protocol {name} --report")
+            f"python -m captioning_reproduce --protocol {name} --report")
 
 
 def test_an_edited_record_changes_the_report(tmp_path):
@@ -94,13 +94,13 @@ def test_readme_counts_the_probes_runs_that_are_committed():
 
 
 def test_the_demo_report_regenerates_byte_for_byte_and_follows_its_records(tmp_path):
-    """docs/results/demo_grid.md is what ``python -m captioning.reproduce.demo_grid --report`` writes
+    """docs/results/demo_grid.md is what ``python -m captioning_reproduce.demo_grid --report`` writes
     from the committed docs/results/demo/*.json, and a record edited by 0.01 CIDEr changes it."""
     grid, records = load_grid(), load_demo_records(RESULTS / "demo")
     path = write_demo_report(grid, records, tmp_path)
     assert path.read_bytes() == (RESULTS / "demo_grid.md").read_bytes(), (
         "docs/results/demo_grid.md is not what its records give: regenerate it with "
-        "python -m captioning.reproduce.demo_grid --report")
+        "python -m captioning_reproduce.demo_grid --report")
     assert len(records) == len(grid["runs"]), "every run of conf/reproduce/demo_grid.yaml has its record"
     edited = [{**records[0], "metrics": {**records[0]["metrics"], "CIDEr": records[0]["metrics"]["CIDEr"] + 0.01}},
               *records[1:]]

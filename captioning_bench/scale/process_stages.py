@@ -1,8 +1,8 @@
 """The ``memory`` and ``ddp`` stages of ``captioning-bench scale``: the input path measured in new processes.
 
-Each probe is ``python -m captioning.benchmarks.scale.memory`` on a store (``memory``: a small store
+Each probe is ``python -m captioning_bench.scale.memory`` on a store (``memory``: a small store
 of whole shards, then the full one; ``ddp``: ranks reading their shares of the full store at once).
-``ProcessStages`` is a base of ``captioning.benchmarks.scale.stages.Scale``, whose fields and
+``ProcessStages`` is a base of ``captioning_bench.scale.stages.Scale``, whose fields and
 ``record``/``_evict``/``shards`` it uses.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from captioning.benchmarks.scale import memory, synthetic
 from captioning.utils.io import atomic_write_json, read_json
+from captioning_bench.scale import memory, synthetic
 
 MB = 2**20
 
@@ -53,7 +53,7 @@ class ProcessStages:
         return small / "store", ann, n
 
     def _probe(self, store: Path, ann: Path, batches: int, workers: int, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "captioning.benchmarks.scale.memory", "--store", str(store),
+        return [sys.executable, "-m", "captioning_bench.scale.memory", "--store", str(store),
                 "--annotations", str(ann), "--batches", str(batches), "--workers", str(workers),
                 "--batch-size", str(self.args.batch_size), *extra]
 

@@ -87,9 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """Yield each stage's records as soon as they are measured."""
-    # imported here, not at the top: the memory probe (python -m captioning.benchmarks.scale.memory)
+    # imported here, not at the top: the memory probe (python -m captioning_bench.scale.memory)
     # imports this package, and the stages' imports (evaluation, extraction) would inflate what it measures
-    from captioning.benchmarks.scale.stages import Scale
+    from captioning_bench.scale.stages import Scale
 
     scale = Scale.prepare(args)
     yield from scale.fit_record()

@@ -1,8 +1,8 @@
-"""``python -m captioning.reproduce``: run a protocol's missing runs, then write its report.
+"""``python -m captioning_reproduce``: run a protocol's missing runs, then write its report.
 
-    python -m captioning.reproduce --protocol confirmation            # every claim's runs + report
-    python -m captioning.reproduce --protocol confirmation --headline # the headline claims' runs first
-    python -m captioning.reproduce --protocol development --report    # the report from the records only
+    python -m captioning_reproduce --protocol confirmation            # every claim's runs + report
+    python -m captioning_reproduce --protocol confirmation --headline # the headline claims' runs first
+    python -m captioning_reproduce --protocol development --report    # the report from the records only
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from captioning.reproduce.catalogue import load_catalogue, load_protocol
-from captioning.reproduce.report import load_records, write_report
-from captioning.reproduce.runner import Runner, needed
+from captioning_reproduce.catalogue import load_catalogue, load_protocol
+from captioning_reproduce.report import load_records, write_report
+from captioning_reproduce.runner import Runner, needed
 
 RESULTS = Path("docs/results")
 

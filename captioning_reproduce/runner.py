@@ -20,8 +20,8 @@ from typing import Any
 from captioning.evaluation.grounding import coverage_entropy
 from captioning.predictions import read_predictions
 from captioning.provenance import provenance
-from captioning.reproduce.catalogue import Catalogue, Protocol, Variant, claims_of
 from captioning.utils.io import atomic_write_json, read_json
+from captioning_reproduce.catalogue import Catalogue, Protocol, Variant, claims_of
 
 #: report.json keys kept per run (structure and grounding on the synthetic data)
 STRUCTURE_KEYS = ("binding_accuracy", "chance_binding_accuracy", "order_accuracy", "chance_order_accuracy",

@@ -1,4 +1,4 @@
-"""``python -m captioning.reproduce.demo_grid``: the search behind ``make demo``'s defaults, rerun.
+"""``python -m captioning_reproduce.demo_grid``: the search behind ``make demo``'s defaults, rerun.
 
 ``conf/reproduce/demo_grid.yaml`` lists the runs of docs/demo.md's "What was tried": one
 ``shapes`` dataset, the feature stores (grids) and per run its ``captioning-train`` overrides.
@@ -22,9 +22,9 @@ from omegaconf import OmegaConf
 
 from captioning.config import CONF_DIR
 from captioning.provenance import provenance
-from captioning.reproduce.demo_report import load_demo_records, write_demo_report
-from captioning.reproduce.runner import GROUNDING_KEYS, STRUCTURE_KEYS, Cli, run_cli
 from captioning.utils.io import atomic_write_json, read_json
+from captioning_reproduce.demo_report import load_demo_records, write_demo_report
+from captioning_reproduce.runner import GROUNDING_KEYS, STRUCTURE_KEYS, Cli, run_cli
 
 GRID_CONF = Path(CONF_DIR) / "reproduce" / "demo_grid.yaml"
 QUIET = ["trainer=cpu", "callbacks.progress=null", "logger=csv", "trainer.enable_progress_bar=false"]

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from captioning.benchmarks.extract_images import _batch_clock, _sync
 from captioning.data.synthetic import generate_moving_shapes
 from captioning.features.backbones import EncoderConfig
 from captioning.features.encoders import build_encoder, is_clip_encoder
@@ -34,6 +33,7 @@ from captioning.features.extract import (
     collate_media,
     run_extraction,
 )
+from captioning_bench.extract_images import _batch_clock, _sync
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ set of processes sums to the memory they really use; USS (private clean + dirty)
 process alone holds.  DataLoader workers are forked: their RSS starts as a copy of the parent's
 page table and says nothing; their USS is what they copied (copy-on-write) or allocated.
 
-``python -m captioning.benchmarks.scale.memory --store S --annotations A ...`` is the probe the
+``python -m captioning_bench.scale.memory --store S --annotations A ...`` is the probe the
 benchmark starts in a fresh process: the real input path (caption table, built in a child process
 when the annotations are new -> vocabulary -> ``CaptionDataModule`` -> training ``DataLoader``) for ``--batches`` batches, then one JSON line
 with the main process's peak RSS and every process's PSS/USS.  With ``--world 2 --rank r`` it
@@ -28,10 +28,10 @@ from typing import Any
 import psutil
 from torch.utils.data import DataLoader, DistributedSampler
 
-from captioning.benchmarks.scale.synthetic import data_config
 from captioning.data.caption_table import caption_table, table_path
 from captioning.data.datamodule import CaptionDataModule, CaptionTrainDataset, collate
 from captioning.store.feature_store import FeatureStore
+from captioning_bench.scale.synthetic import data_config
 
 MB = 2**20
 ROLLUP_KEYS = ("Rss", "Pss", "Pss_Anon", "Pss_File", "Shared_Clean", "Shared_Dirty", "Private_Clean",
@@ -132,7 +132,7 @@ def probe(args: argparse.Namespace) -> tuple[dict[str, Any], DataLoader]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m captioning.benchmarks.scale.memory")
+    p = argparse.ArgumentParser(prog="python -m captioning_bench.scale.memory")
     p.add_argument("--store", required=True)
     p.add_argument("--annotations", required=True)
     p.add_argument("--workers", type=int, default=2)

@@ -1,6 +1,6 @@
 """``captioning-bench <name> [--device cpu|cuda] [options]``: the benchmark harness.
 
-Each benchmark lives in ``captioning.benchmarks.<name>`` (``-`` becomes ``_``) and exposes
+Each benchmark lives in ``captioning_bench.<name>`` (``-`` becomes ``_``) and exposes
 ``add_arguments(parser)`` and ``run(args) -> list[dict]``.  Every result is printed as one
 JSON line with at least ``name``, ``unit`` and ``value`` (as soon as it is measured when ``run``
 is a generator); benchmarks compare against a
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
         p.add_argument("--output", default=None, help="also append the JSON lines to this file")
         if name == chosen:  # import only the benchmark that runs (each pulls its own dependencies)
-            module = importlib.import_module(f"captioning.benchmarks.{name.replace('-', '_')}")
+            module = importlib.import_module(f"captioning_bench.{name.replace('-', '_')}")
             module.add_arguments(p)
     args = parser.parse_args(argv)
     assert module is not None

@@ -21,7 +21,7 @@ from captioning.errors import ConfigError
 REPRODUCE_CONF = Path(CONF_DIR) / "reproduce"
 RULES = ("beats", "at_least", "above_chance", "times_chance", "at_chance", "lead_grows")
 DATASETS = {"shapes": "image", "moving_shapes": "video"}
-METHODS = ("t_interval", "random_effects")  # the verdict's interval (captioning.reproduce.report)
+METHODS = ("t_interval", "random_effects")  # the verdict's interval (captioning_reproduce.report)
 
 
 @dataclass(frozen=True)

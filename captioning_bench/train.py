@@ -15,7 +15,7 @@ kernels are launch-bound); on a CPU it is slower than ``compute_loss`` (the padd
 With tiny sizes (``--batch-size 8 --regions 16 --feature-dim 64 ...``) both models are bound
 by per-operation overhead, which is what dominates on a GPU.  ``--cli`` adds the end-to-end view:
 ``captioning-train``'s steady-state steps/s on a synthetic dataset of the same shapes
-(``captioning.benchmarks.train_cli``) beside the benchmark's own step rate.
+(``captioning_bench.train_cli``) beside the benchmark's own step rate.
 
 Reported: captions/s (forward + backward + Adam step) of each from the median step time
 (``best``: from the fastest step), the two models' steps alternating so that a busy machine
@@ -41,9 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from captioning.benchmarks.dispatch import dispatched_ops
-from captioning.benchmarks.train_cli import cli_figures
 from captioning.models.decoders import build_decoder
+from captioning_bench.dispatch import dispatched_ops
+from captioning_bench.train_cli import cli_figures
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cli",
         action="store_true",
         help="also train with captioning-train on a synthetic dataset of these shapes and report its "
-        "steady-state steps/s beside the benchmark's (captioning.benchmarks.train_cli); compile=auto on "
+        "steady-state steps/s beside the benchmark's (captioning_bench.train_cli); compile=auto on "
         "cuda with --compile, else compile=true/false as --compile says",
     )
     parser.add_argument("--cli-items", type=int, default=1024, help="--cli: training items (5 captions each)")

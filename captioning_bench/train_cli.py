@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 
-from captioning.benchmarks.scale.synthetic import word, write_store
+from captioning_bench.scale.synthetic import word, write_store
 
 __all__ = ["StepClock", "cli_figures", "run_cli", "steady_state", "write_dataset"]
 

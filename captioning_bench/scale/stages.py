@@ -1,6 +1,6 @@
 """The stages of ``captioning-bench scale`` (see the package docstring): each a generator of records.
 
-``memory`` and ``ddp``, which measure in new processes, are in ``captioning.benchmarks.scale.process_stages``.
+``memory`` and ``ddp``, which measure in new processes, are in ``captioning_bench.scale.process_stages``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from captioning.benchmarks import train as train_bench
-from captioning.benchmarks.scale import disk, loading, synthetic
-from captioning.benchmarks.scale.process_stages import ProcessStages
 from captioning.config import CONF_DIR, TrainerConfig
 from captioning.data.caption_table import build_table, caption_table, table_path
 from captioning.data.datamodule import CaptionDataModule, CaptionTrainDataset
@@ -33,6 +30,9 @@ from captioning.models.search import DecodeConfig
 from captioning.store.feature_store import FeatureStore
 from captioning.train.module import CaptioningModule
 from captioning.utils.io import atomic_write_json, read_json
+from captioning_bench import train as train_bench
+from captioning_bench.scale import disk, loading, synthetic
+from captioning_bench.scale.process_stages import ProcessStages
 
 GB = 1e9
 INDEX_BYTES_PER_ITEM = 64  # shard index json per item, generous (ids, valid, null frame indices)
@@ -337,7 +337,7 @@ class Scale(ProcessStages):
     def extract(self) -> Iterator[dict[str, Any]]:
         """``bench extract-images`` (JPEG decode + backbone + store writes) projected to this store's items."""
         # imported here: the backbones (timm) serve this stage only
-        from captioning.benchmarks import extract_images as extract_bench
+        from captioning_bench import extract_images as extract_bench
 
         a = argparse.Namespace(device=self.args.device, num_images=self.args.extract_images, batch_size=32,
                                workers=2, encoder="efficientnet_lite0", weights="packaged", image_size=224,
