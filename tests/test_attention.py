@@ -212,20 +212,21 @@ def test_entropy_hard_context_and_sampling_respects_mask() -> None:
 
 
 def test_key_projection_runs_once_per_sequence() -> None:
-    """``U_a v`` once per batch (training) and once per decoding; ``W_a h`` is no module call of
-    its own: the LSTM step computes it in its one product of ``h_{t-1}`` (test_lstm_decoder)."""
+    """``U_a v`` once per batch (training) and once per decoding, with either step; ``W_a h`` is no
+    module call of its own in the fast step, which computes it in its one product of ``h_{t-1}``
+    (test_lstm_step), and one call per step in the plain one."""
     from captioning.models.decoders import build_decoder
 
     torch.manual_seed(0)
-    for fused in ("true", "false"):
-        dec = build_decoder({"embed_dim": 8, "hidden_dim": 8, "attention_dim": 4, "fused_kernels": fused}, 10, 6)
+    for fast in (True, False):
+        dec = build_decoder({"embed_dim": 8, "hidden_dim": 8, "attention_dim": 4, "fast_step": fast}, 10, 6)
         calls = {"key": 0, "query": 0}
         dec.attention.key_proj.register_forward_hook(lambda *a, c=calls: c.__setitem__("key", c["key"] + 1))
         dec.attention.query_proj.register_forward_hook(lambda *a, c=calls: c.__setitem__("query", c["query"] + 1))
         tokens = torch.tensor([[1, 4, 5, 6, 7, 2], [1, 4, 2, 0, 0, 0]])
         dec.compute_loss(torch.randn(2, 3, 6), None, tokens)
-        assert calls == {"key": 1, "query": 0}
+        assert calls == {"key": 1, "query": 0 if fast else 5}
         state = dec.init_state(torch.randn(2, 3, 6), None)
         for _ in range(4):
             _, _, state = dec.step(torch.tensor([1, 1]), state)
-        assert calls == {"key": 2, "query": 0}
+        assert calls == {"key": 2, "query": 0 if fast else 9}

@@ -20,7 +20,6 @@ from __future__ import annotations
 import pytest
 import torch
 from test_decoders import CASES, IDS, _batch, _decoder
-from test_kernels import _loss_and_grads, _toy_batch
 
 from captioning.models.decoders import build_decoder, decoder_class
 from captioning.models.search import (
@@ -47,6 +46,28 @@ def exact_fp32():
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _toy_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(6, 4, 6, generator=g, requires_grad=True)
+    mask = torch.ones(6, 4, dtype=torch.bool)
+    mask[1, 2:] = False
+    mask[4, 3:] = False
+    tokens = torch.tensor([[1, 4, 5, 6, 2, 0], [1, 7, 8, 2, 0, 0], [1, 9, 10, 11, 4, 2],
+                           [1, 5, 5, 2, 0, 0], [1, 6, 2, 0, 0, 0], [1, 11, 10, 9, 2, 0]])
+    return feats, mask, tokens
+
+
+def _loss_and_grads(dec, feats, mask, tokens, seed: int) -> tuple[dict, dict]:
+    dec.zero_grad(set_to_none=True)
+    feats.grad = None
+    torch.manual_seed(seed)  # hard attention samples: the same draws on both paths
+    out = dec.compute_loss(feats, mask, tokens, label_smoothing=0.1)
+    out["loss"].backward()
+    grads = {n: p.grad.clone() for n, p in dec.named_parameters() if p.grad is not None}
+    grads["<features>"] = feats.grad.clone()
+    return {k: v.detach() for k, v in out.items()}, grads
 
 
 def _grads(dec: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -135,45 +156,43 @@ def test_eager_training_loss_on_cuda_equals_the_cpu(name: str, i: int) -> None:
             torch.testing.assert_close(g_gpu[n], g_cpu[n], atol=1e-5, rtol=1e-4, msg=n)
 
 
-# ------------------------------------------------------------------------------ fused kernels
+# ------------------------------------------------------------------------------ the fast step
 
 
 @pytest.mark.parametrize("k", range(len(LSTM_EXAMPLES)), ids=[e["variant"] for e in LSTM_EXAMPLES])
-def test_fused_kernels_on_cuda_equal_the_reference_path(k: int) -> None:
-    """``model.fused_kernels`` (deferred weight gradients, summed additive key gradients) == plain
-    autograd on CUDA, fp32: same loss parts and gradients (incl. the features') to the tolerances
-    of the module docstring."""
+def test_the_fast_step_on_cuda_equals_the_plain_step(k: int) -> None:
+    """``FastStep`` (one product of h_{t-1}, weights cast once, the LSTM update as one fused kernel
+    on CUDA) == ``plain_step`` (the modules, ``nn.LSTMCell``) on CUDA, fp32: same loss parts and
+    gradients (incl. the features')."""
     torch.manual_seed(0)
-    cfg = {**LSTM_EXAMPLES[k], "fused_kernels": "true"}
-    dec = build_decoder(cfg, 12, 6, layout=(2, 2)).to(CUDA).train()
+    fast = build_decoder(LSTM_EXAMPLES[k], 12, 6, layout=(2, 2)).to(CUDA).train()
+    plain_dec = build_decoder({**LSTM_EXAMPLES[k], "fast_step": False}, 12, 6, layout=(2, 2)).to(CUDA).train()
+    plain_dec.load_state_dict(fast.state_dict())
     feats, mask, tokens = _toy_batch(1)
     feats = feats.detach().to(CUDA).requires_grad_(True)
     mask, tokens = mask.to(CUDA), tokens.to(CUDA)
-    fused, g_fused = _loss_and_grads(dec, feats, mask, tokens, seed=5)
-    dec.cfg.fused_kernels = "false"
-    dec.reinforce_updates.zero_()
-    dec.reinforce_baseline.zero_()
-    plain, g_plain = _loss_and_grads(dec, feats, mask, tokens, seed=5)
-    assert fused.keys() == plain.keys()
-    for key in fused:
-        assert fused[key].device.type == CUDA.type
-        torch.testing.assert_close(fused[key], plain[key], msg=key)
-    assert g_fused.keys() == g_plain.keys()
-    for name in g_plain:
-        torch.testing.assert_close(g_fused[name], g_plain[name], atol=1e-5, rtol=1e-4, msg=name)
+    got, g_got = _loss_and_grads(fast, feats, mask, tokens, seed=5)
+    want, g_want = _loss_and_grads(plain_dec, feats, mask, tokens, seed=5)
+    assert got.keys() == want.keys()
+    for key in got:
+        assert got[key].device.type == CUDA.type
+        torch.testing.assert_close(got[key], want[key], msg=key)
+    assert g_got.keys() == g_want.keys()
+    for name in g_want:
+        torch.testing.assert_close(g_got[name], g_want[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("k", [2, 3], ids=["soft_attention", "soft_attention-general-2layers"])
-def test_fused_kernels_under_bf16_autocast_agree_with_the_reference_path(k: int) -> None:
-    """The same under bf16 autocast: the fused weight gradient is ONE bf16 product over all steps,
-    the reference sums per-step bf16 products in float32, so they agree to bf16 rounding only."""
+def test_the_fast_step_under_bf16_autocast_agrees_with_the_plain_step(k: int) -> None:
+    """The same under bf16 autocast: the fast step computes in bf16 with autocast off inside its loop,
+    the plain step lets autocast pick per module, so they agree to bf16 rounding only."""
     torch.manual_seed(0)
-    dec = build_decoder({**LSTM_EXAMPLES[k], "fused_kernels": "true"}, 12, 6, layout=(2, 2)).to(CUDA).train()
-    feats, mask, tokens = (t.to(CUDA) for t in _toy_batch(2))
     runs = []
-    for fused in ("true", "false"):
-        dec.cfg.fused_kernels = fused
-        dec.zero_grad(set_to_none=True)
+    for fast in (True, False):
+        torch.manual_seed(0)
+        dec = build_decoder({**LSTM_EXAMPLES[k], "fast_step": fast}, 12, 6, layout=(2, 2)).to(CUDA).train()
+        feats, mask, tokens = (t.to(CUDA) for t in _toy_batch(2))
+        torch.manual_seed(1)
         with torch.autocast(CUDA.type, dtype=torch.bfloat16):
             out = dec.compute_loss(feats, mask, tokens, label_smoothing=0.1)
         out["loss"].backward()

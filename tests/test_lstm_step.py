@@ -1,6 +1,6 @@
-"""The LSTM decoder's step (``captioning.models.decoders.lstm_step``): one product reads ``h_{t-1}``,
-no weight is cast per time step under autocast, the precision rule, the attention mask's bias, and
-the rule that picks the CPU kernels (``kernels.use_kernels``)."""
+"""The LSTM decoder's two steps (``captioning.models.decoders.lstm_forcing``): the fast step equals the
+plain one (the modules as written) in values and gradients; one product reads ``h_{t-1}``; no weight
+is cast per time step under autocast; the precision rule; the attention mask's bias."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from captioning.models import kernels
-from captioning.models.decoders import build_decoder, lstm_step
+from captioning.models.decoders import build_decoder, lstm_forcing
 
 V, C = 12, 6
 SMALL = {"embed_dim": 8, "hidden_dim": 10, "attention_dim": 6, "dropout": 0.0}
@@ -71,9 +70,9 @@ def test_bf16_autocast_casts_the_weights_once_per_batch_not_per_step(monkeypatch
     for the softmax, back for the context product) and none of a weight: the weights the step
     reads (the parameters, the merged ``[W_a; W_beta; W_hh]`` of 6 + 1 + 40 rows, ``W_ih``'s word
     and context columns) are cast as often for 10 steps as for 5."""
-    monkeypatch.setattr(lstm_step, "native_autocast", lambda device: True)  # bf16 products, as on a GPU
+    monkeypatch.setattr(lstm_forcing, "native_low_precision", lambda device: True)  # bf16 products, as on a GPU
     torch.manual_seed(1)
-    dec = build_decoder({**SMALL, "fused_kernels": "false"}, V, C).train()
+    dec = build_decoder(SMALL, V, C).train()
     short = _casts(dec, torch.tensor([[1] + [5] * 4 + [2], [1] + [6] * 4 + [2]]))
     long = _casts(dec, torch.tensor([[1] + [5] * 9 + [2], [1] + [6] * 9 + [2]]))
     weights = {tuple(p.shape) for p in dec.parameters()} | {(47, 10), (47,), (40, 8), (40, 6)}
@@ -86,10 +85,10 @@ def test_on_a_cpu_without_native_bf16_the_decoder_computes_in_float32(monkeypatc
     dec = build_decoder(SMALL, V, C).eval()
     feats, tokens = torch.randn(2, 4, C), torch.tensor([[1, 4, 5, 2], [1, 6, 2, 0]])
     fp32 = dec.compute_loss(feats, None, tokens)["xe"]
-    monkeypatch.setattr(lstm_step, "native_autocast", lambda device: False)
+    monkeypatch.setattr(lstm_forcing, "native_low_precision", lambda device: False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(dec.compute_loss(feats, None, tokens)["xe"], fp32)
-    monkeypatch.setattr(lstm_step, "native_autocast", lambda device: True)
+    monkeypatch.setattr(lstm_forcing, "native_low_precision", lambda device: True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         bf16 = dec.compute_loss(feats, None, tokens)["xe"]
     assert not torch.equal(bf16, fp32) and float(bf16) == pytest.approx(float(fp32), rel=0.02)
@@ -97,22 +96,108 @@ def test_on_a_cpu_without_native_bf16_the_decoder_computes_in_float32(monkeypatc
 
 def test_score_mask_bias_hand_computed() -> None:
     mask = torch.tensor([[True, True, False], [False, False, False], [True, True, True]])
-    bias, keep = lstm_step.score_mask(mask, static=True)
+    bias, keep = lstm_forcing.score_mask(mask, read_host=False)
     inf = float("-inf")
     torch.testing.assert_close(bias, torch.tensor([[0.0, 0.0, inf], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
     torch.testing.assert_close(keep, torch.tensor([[1.0], [0.0], [1.0]]))
-    assert lstm_step.score_mask(torch.ones(2, 3, dtype=torch.bool), static=False) == (None, None)
-    bias, keep = lstm_step.score_mask(mask[[0, 2]], static=False)  # no empty row: no keep
+    assert lstm_forcing.score_mask(torch.ones(2, 3, dtype=torch.bool), read_host=True) == (None, None)
+    bias, keep = lstm_forcing.score_mask(mask[[0, 2]], read_host=True)  # no empty row: no keep
     assert keep is None and bias[0, 2] == inf
-    bias, keep = lstm_step.score_mask(mask, static=True)
-    alpha = lstm_step.LSTMStep._softmax(torch.zeros(3, 3), {"bias": bias, "keep": keep})
+    alpha = torch.softmax(torch.zeros(3, 3) + bias_of(mask), -1) * lstm_forcing.score_mask(mask, False)[1]
     torch.testing.assert_close(alpha, torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]]))
 
 
-def test_the_kernels_rule() -> None:
-    """auto is off (they no longer make a step faster, docs/benchmarks.md); true forces them where
-    there is a backward to save work in; a bool set in code counts as its string."""
-    assert not kernels.use_kernels("auto") and not kernels.use_kernels("false") and not kernels.use_kernels(False)
-    assert kernels.use_kernels("true") and kernels.use_kernels(True)
+def bias_of(mask: torch.Tensor) -> torch.Tensor:
+    return lstm_forcing.score_mask(mask, read_host=False)[0]
+
+
+# ----------------------------------------------------------------------------- fast step == plain step
+
+CASES = [
+    {},
+    {"num_layers": 2, "scoring": "general", "deep_output": False},
+    {"gate": False, "position_code": "learned"},
+    {"variant": "mean_pool"},
+    {"variant": "show_tell"},
+    {"scoring": "dot", "attention_dim": 10, "init_from_mean": False},
+    {"variant": "hard_attention", "test_mode": "argmax"},
+    {"residual": "median", "position_code": "sinusoidal", "num_layers": 3},
+]
+IDS = ["additive", "general-2-layers", "no-gate", "mean_pool", "show_tell", "dot", "hard-argmax", "residual-3"]
+
+
+def _pair(cfg: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The same weights with the fast step and with the plain step."""
+    torch.manual_seed(5)
+    c = 10 if cfg.get("scoring") == "dot" else C
+    fast = build_decoder({**SMALL, **cfg}, V, c, layout=(2, 2)).eval()
+    plain = build_decoder({**SMALL, **cfg, "fast_step": False}, V, c, layout=(2, 2)).eval()
+    plain.load_state_dict(fast.state_dict())
+    return fast, plain
+
+
+def _batch(c: int, items: int = 3, group: int = 2):
+    g = torch.Generator().manual_seed(3)
+    feats = torch.randn(items, 4, c, generator=g)
+    mask = torch.ones(items, 4, dtype=torch.bool)
+    mask[1, 3:] = False
+    tokens = torch.tensor([[1, 4, 5, 6, 2], [1, 7, 2, 0, 0], [1, 9, 10, 2, 0], [1, 5, 2, 0, 0], [1, 6, 8, 9, 2],
+                           [1, 11, 2, 0, 0]])[: items * group]
+    return feats, mask, tokens
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=IDS)
+@pytest.mark.parametrize("static", [False, True])
+def test_the_fast_step_equals_the_plain_step_in_loss_and_gradients(cfg: dict, static: bool) -> None:
+    """Teacher forcing through ``FastStep`` (one product of h_{t-1}, weights cast once) and through
+    ``plain_step`` (``self.attention``, ``self.gate``, one ``nn.LSTMCell`` per layer): the same loss
+    and the same gradient of every parameter, packed and static, two captions per item."""
+    if static and cfg.get("variant") == "hard_attention":
+        pytest.skip("hard attention has no static schedule")
+    fast, plain = _pair(cfg)
+    feats, mask, tokens = _batch(fast.feature_dim)
+    grads = []
+    for dec in (fast, plain):
+        out = dec.compute_loss(feats, mask, tokens, static=static)
+        out["loss"].backward()
+        grads.append((out, {n: p.grad.clone() for n, p in dec.named_parameters() if p.grad is not None}))
+    (fo, fg), (po, pg) = grads
+    torch.testing.assert_close(fo["loss"], po["loss"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fo["ds"], po["ds"], rtol=1e-5, atol=1e-6)
+    assert fg.keys() == pg.keys() and len(fg) > 5
+    for name in fg:
+        torch.testing.assert_close(fg[name], pg[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=IDS)
+def test_the_fast_step_decodes_as_the_plain_step(cfg: dict) -> None:
+    """Decoding (grouped rows, as beam search runs them): the same log-probabilities and attention."""
+    fast, plain = _pair(cfg)
+    feats, mask, _ = _batch(fast.feature_dim)
     with torch.no_grad():
-        assert not kernels.use_kernels("true")
+        states = [d.init_state(feats, mask).repeat_interleave(2) for d in (fast, plain)]
+        prev = torch.tensor([1, 1, 1, 1, 1, 1])
+        for _ in range(4):
+            (lf, af, states[0]), (lp, ap, states[1]) = fast.step(prev, states[0]), plain.step(prev, states[1])
+            torch.testing.assert_close(lf, lp, rtol=1e-5, atol=1e-5)
+            if af is not None:
+                torch.testing.assert_close(af, ap, rtol=1e-5, atol=1e-6)
+            prev = lf.argmax(-1)
+
+
+def test_a_broken_fast_step_is_caught() -> None:
+    """The equality tests see a fast step that drops the gate."""
+    fast, plain = _pair({})
+    feats, mask, tokens = _batch(C)
+    broken = lstm_forcing.FastStep._attend
+
+    def no_gate(self, parts, h_top, memory, mode):
+        z, alpha, logp = broken(self, parts, h_top, memory, mode)
+        return z / torch.sigmoid(parts[1]), alpha, logp
+
+    lstm_forcing.FastStep._attend = no_gate
+    try:
+        bad = fast.compute_loss(feats, mask, tokens)["loss"]
+    finally:
+        lstm_forcing.FastStep._attend = broken
+    assert not torch.allclose(bad, plain.compute_loss(feats, mask, tokens)["loss"], rtol=1e-5)

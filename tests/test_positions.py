@@ -65,7 +65,7 @@ def test_the_decoders_attend_over_hand_computed_codes() -> None:
     lstm = build_decoder(_small(variant="soft_attention", position_code="sinusoidal", position_dim=8), 10, 3,
                          layout=(2, 2)).eval()
     feats = torch.randn(2, 4, 3)
-    memory, _ = lstm._memory(feats, None)
+    memory, _ = lstm.memory(feats, None)
     torch.testing.assert_close(memory["values"], torch.cat([feats, _grid_2x2_codes().expand(2, 4, 8)], -1))
 
     torch.manual_seed(0)

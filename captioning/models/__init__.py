@@ -1,2 +1,2 @@
-"""Decoders (registered; one module each), attention, position codes, fused kernels and search
-(greedy, beam, sampling)."""
+"""Decoders (registered; one module each), attention, position codes and search (greedy, beam,
+sampling)."""

@@ -20,7 +20,6 @@ import torch
 from torch import Tensor, nn
 
 from captioning.errors import ConfigError
-from captioning.models import kernels
 
 __all__ = [
     "AdditiveAttention",
@@ -146,12 +145,30 @@ class AdditiveAttention(AttentionScorer):
         m, n, a = keys.shape
         r = q.shape[0]
         w = self.score_proj.weight.reshape(a).to(keys.dtype) if w is None else w
-        if keys.device.type == "cpu" and not torch.is_grad_enabled():  # one scratch buffer
-            return kernels.additive_scores_inference(keys, q.reshape(m, r // m, 1, a).to(keys.dtype), w)
+        if keys.device.type == "cpu" and not torch.is_grad_enabled():
+            return _chunked_scores(keys, q.reshape(m, r // m, 1, a).to(keys.dtype), w)
         if r == m:  # one row per item (teacher forcing, greedy decoding)
             return torch.matmul(torch.tanh(keys + q.unsqueeze(1)), w)
         x = (keys.unsqueeze(1) + q.reshape(m, r // m, 1, a)).tanh_()  # [M,G,N,A], a fresh tensor: tanh in place
         return torch.matmul(x, w).reshape(r, n)
+
+
+#: elements of ``[G,N,A]`` scored at once in CPU decoding (a few MB: they stay in cache)
+CPU_CHUNK = 1 << 19
+
+
+def _chunked_scores(keys: Tensor, q: Tensor, w: Tensor) -> Tensor:
+    """CPU decoding's ``w^T tanh(K + q)``: ``keys [M,N,A]``, ``q [M,G,1,A]``, ``w [A]`` -> ``[M*G,N]``,
+    items in chunks that stay in cache, all through ONE scratch buffer: a fresh ``[M,G,N,A]`` tensor
+    per step costs more in page faults than the tanh."""
+    m, g, _, a = q.shape
+    chunk = min(m, max(1, CPU_CHUNK // max(1, g * keys.shape[1] * a)))
+    scratch = keys.new_empty(chunk, g, keys.shape[1], a)
+    e = keys.new_empty(m, g, keys.shape[1])
+    for i in range(0, m, chunk):
+        j = min(m, i + chunk)
+        torch.matmul(torch.add(keys[i:j].unsqueeze(1), q[i:j], out=scratch[: j - i]).tanh_(), w, out=e[i:j])
+    return e.reshape(m * g, keys.shape[1])
 
 
 class DotAttention(AttentionScorer):
