@@ -149,3 +149,38 @@ def test_checkpoint_round_trip(name: str, i: int, tmp_path) -> None:
     assert [h.tokens for h in a] == [h.tokens for h in b]
     torch.testing.assert_close(loaded.decoder.compute_loss(feats, mask, tokens)["loss"],
                                model.decoder.compute_loss(feats, mask, tokens)["loss"])
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["packed", "static"])
+@pytest.mark.parametrize("name,i", CASES, ids=IDS)
+def test_a_per_image_batch_equals_the_per_caption_batch_of_the_same_captions(name: str, i: int, static: bool) -> None:
+    """Three items with two captions each: ``features [3,N,C]`` with ``tokens [6,T]`` grouped item by
+    item (each item encoded once) gives the loss, every parameter's gradient and the features'
+    gradient of ``features [6,N,C]``, each item repeated for its captions (one caption per row);
+    with the host's ``lengths`` too (nothing read back)."""
+    dec = _decoder(name, i, seed=4).eval()
+    if static and not dec.compilable:
+        pytest.skip("no static schedule")
+    feats, mask, _ = _batch(4)
+    feats, mask = feats[:3], mask[:3]
+    tokens = torch.tensor([[1, 4, 5, 6, 2, 0], [1, 7, 2, 0, 0, 0], [1, 9, 10, 11, 4, 2],
+                           [1, 5, 5, 2, 0, 0], [1, 6, 2, 0, 0, 0], [1, 8, 9, 10, 2, 0]])
+    runs = []
+    for grouped, lengths in ((True, None), (True, [4, 2, 5, 3, 2, 4]), (False, None)):
+        x = feats.clone().requires_grad_(True)
+        rows = x if grouped else x.repeat_interleave(2, 0)
+        m = mask if grouped else mask.repeat_interleave(2, 0)
+        dec.zero_grad(set_to_none=True)
+        torch.manual_seed(7)
+        out = dec.compute_loss(rows, m, tokens, static=static, lengths=lengths)
+        out["loss"].backward()
+        grads = {n: p.grad.clone() for n, p in dec.named_parameters() if p.grad is not None}
+        runs.append((out, grads, x.grad.clone()))
+    (want, g_want, x_want) = runs[-1]
+    for out, grads, x_grad in runs[:-1]:
+        for key in ("loss", "xe"):
+            torch.testing.assert_close(out[key], want[key], rtol=1e-5, atol=1e-6)
+        assert grads.keys() == g_want.keys() and grads
+        for n in grads:
+            torch.testing.assert_close(grads[n], g_want[n], rtol=1e-4, atol=1e-6, msg=n)
+        torch.testing.assert_close(x_grad, x_want, rtol=1e-4, atol=1e-6)

@@ -8,8 +8,11 @@ frames; ``mask [B,N]`` bool, True = real position) and emits words.  It provides
 - ``step(prev_tokens [R], state) -> (log_probs [R,V] float32, alpha [R,N] | None, state)``: one
   word for each of ``R`` decoding rows, with the attention over the N annotation vectors that
   emitted it (None for decoders without attention);
-- ``compute_loss(features, mask, tokens, label_smoothing, static) -> {"loss", "xe", ...}``: the
-  teacher-forced loss (``static=True``: fixed shapes, no host syncs, for ``torch.compile``);
+- ``compute_loss(features, mask, tokens, label_smoothing, static, lengths) -> {"loss", "xe", ...}``:
+  the teacher-forced loss of ``tokens [R,T+1]`` over ``features [M,N,C]``, ``R`` a multiple of ``M``
+  (rows ``g*G .. g*G+G-1`` are item ``g``'s captions: per-image batches encode each item once);
+  ``static=True``: fixed shapes, no host syncs, for ``torch.compile``; ``lengths``: each caption's
+  real steps when the caller knows them on the host (nothing is then read back);
 - the state's ``repeat_interleave(k)``, ``index_select(idx, within_groups)`` and
   ``select_groups(groups)``: reindexing for beams.
 
@@ -148,8 +151,8 @@ class CaptionDecoder(nn.Module):
     def step(self, prev_tokens: Tensor, state: DecoderState) -> tuple[Tensor, Tensor | None, DecoderState]:
         raise NotImplementedError
 
-    def compute_loss(self, features: Tensor, mask: Tensor | None, tokens: Tensor,
-                     label_smoothing: float = 0.0, static: bool = False) -> dict[str, Tensor]:
+    def compute_loss(self, features: Tensor, mask: Tensor | None, tokens: Tensor, label_smoothing: float = 0.0,
+                     static: bool = False, lengths: list[int] | None = None) -> dict[str, Tensor]:
         raise NotImplementedError
 
     @classmethod

@@ -214,16 +214,18 @@ class TransformerDecoder(CaptionDecoder):
 
     # ------------------------------------------------------------------ training
 
-    def compute_loss(self, features: Tensor, mask: Tensor | None, tokens: Tensor,
-                     label_smoothing: float = 0.0, static: bool = False) -> dict[str, Tensor]:
+    def compute_loss(self, features: Tensor, mask: Tensor | None, tokens: Tensor, label_smoothing: float = 0.0,
+                     static: bool = False, lengths: list[int] | None = None) -> dict[str, Tensor]:
         """Teacher-forced loss: every word position at once under the causal mask.
 
-        ``tokens [B,T+1]`` = ``<bos> w1..wT <eos>`` right-padded; returns ``loss`` = ``xe`` (token
-        cross-entropy incl. <eos>, mean over real tokens).  The computation has fixed shapes
-        either way; ``static=False`` also checks the padding layout (one host sync).
+        ``tokens [R,T+1]`` = ``<bos> w1..wT <eos>`` right-padded, ``R`` a multiple of the ``M`` items
+        of ``features [M,N,C]`` (rows ``g*G ..`` are item ``g``'s captions: its memory made once);
+        returns ``loss`` = ``xe`` (token cross-entropy incl. <eos>, mean over real tokens).  The
+        computation has fixed shapes either way; without ``static`` or the host's ``lengths`` it
+        also checks the padding layout (one host sync).
         """
         inputs, targets, step_mask = teacher_forcing_targets(tokens, self.pad_id)
-        if not static:
+        if not static and lengths is None:
             check_right_padded(step_mask, self.pad_id)
         log_probs, _, _ = self._run(self._words(inputs, 0), self._memory(features, mask), None)
         n_tok = step_mask.sum().clamp_min(1)
