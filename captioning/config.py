@@ -60,8 +60,16 @@ class DataConfig:
     max_length: int = 20  # max caption tokens (without <bos>/<eos>)
     # folder of the caption tables (captioning.data.caption_table); null: <root>/caption_tables
     caption_cache: str | None = None
+    # training batches: per image (each item read and projected once with captions_per_image of its
+    # references; null: the number every training item has) | caption (one sample per caption);
+    # batch_size counts captions either way (captioning.data.datamodule)
+    batching: str = "image"
+    captions_per_image: int | None = None
     batch_size: int = 64
     num_workers: int = 2
+    # the training features resident on the device: auto (a GPU, when they fit in half its free
+    # memory) | device | none
+    cache: str = "auto"
 
 
 #: The ``TrainerConfig`` fields that inference (Lightning ``predict``) uses.

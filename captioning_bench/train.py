@@ -2,20 +2,20 @@
 
 Both models are the same soft-attention LSTM (Xu et al. 2015: additive attention, scalar
 gate, h0/c0 from the mean annotation, doubly stochastic regulariser, dropout) trained with
-Adam on the same random batch.  The baseline is written the way common tutorials write it:
-the batch is sorted by caption length and shrinks as captions end, ``U_a v`` is recomputed
-at every step, the vocabulary projection runs inside the loop, fp32.  Ours is
-``LSTMDecoder.compute_loss`` (keys projected once; the batch sorted by length so each step
-runs only the captions still going; ``dL/dK`` of all steps summed in place and the step's
-``tanh`` recomputed in backward instead of stored; per-step weight gradients computed once;
-one output projection for all real tokens after the loop; optional bf16 autocast).
-``--compile`` times ``LSTMDecoder.compute_loss(static=True)`` under ``torch.compile`` instead: all
-rows at every step, one graph, replayed from CUDA graphs on a GPU (where a decoder step's small
-kernels are launch-bound); on a CPU it is slower than ``compute_loss`` (the padded steps run).
-With tiny sizes (``--batch-size 8 --regions 16 --feature-dim 64 ...``) both models are bound
-by per-operation overhead, which is what dominates on a GPU.  ``--cli`` adds the end-to-end view:
-``captioning-train``'s steady-state steps/s on a synthetic dataset of the same shapes
-(``captioning_bench.train_cli``) beside the benchmark's own step rate.
+Adam on the same random captions.  The baseline is written the way common tutorials write it:
+one caption per row, the batch sorted by caption length and shrinking as captions end, ``U_a v``
+recomputed at every step, the vocabulary projection inside the loop, fp32.  Ours is
+``LSTMDecoder.compute_loss`` as the training job runs it: per-image batches (``--batching image``:
+``round(batch-size / 5)`` items with 5 captions each, their keys ``U_a v`` projected once per item),
+the caption lengths from the host, only the captions still running in each step, one output
+projection for all real tokens after the loop; optional bf16 autocast.  ``--compile`` times
+``compute_loss(static=True)`` under ``torch.compile`` instead: all rows at every step, one graph,
+replayed from CUDA graphs on a GPU (where a decoder step's small kernels are launch-bound); on a
+CPU it is slower than ``compute_loss`` (the padded steps run).  With tiny sizes (``--batch-size 8
+--regions 16 --feature-dim 64 ...``) both models are bound by per-operation overhead, which is what
+dominates on a GPU.  ``--cli`` adds the end-to-end view: ``captioning-train``'s steady-state steps/s
+on a synthetic dataset of the same shapes, with its loader alone and its loop alone
+(``captioning_bench.train_cli``), beside the benchmark's own step rate.
 
 Reported: captions/s (forward + backward + Adam step) of each from the median step time
 (``best``: from the fastest step), the two models' steps alternating so that a busy machine
@@ -82,9 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "steady-state steps/s beside the benchmark's (captioning_bench.train_cli); compile=auto on "
         "cuda with --compile, else compile=true/false as --compile says",
     )
-    parser.add_argument("--cli-items", type=int, default=1024, help="--cli: training items (5 captions each)")
+    parser.add_argument("--batching", default="image", choices=["image", "caption"],
+                        help="image: each item once with its 5 captions (round(batch-size / 5) items, the job's "
+                        "default); caption: one caption per row (the tutorial's); ours and the CLI alike")
+    parser.add_argument("--cli-steps", type=int, default=1000, help="--cli: steps per epoch (sets the items)")
+    parser.add_argument("--cli-items", type=int, default=0, help="--cli: training items (5 captions each; "
+                        "0: enough for --cli-steps)")
     parser.add_argument("--cli-epochs", type=int, default=2, help="--cli: epochs")
     parser.add_argument("--cli-workers", type=int, default=4, help="--cli: loader processes")
+    parser.add_argument("--cli-cache", default="auto", choices=["auto", "device", "none"], help="--cli: data.cache")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-baseline", action="store_true")
 
@@ -149,19 +155,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _make_batch(args: Any, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _make_batch(args: Any, device: torch.device) -> dict[str, Any]:
+    """The benchmark's batch: ``B`` captions of ``length // 2 .. length`` words over random features;
+    ours reads them per image (``--batching image``: ``round(B / 5)`` items, 5 captions each) or one per
+    row, the tutorial decoder always one per row.  Lengths count tokens incl. <bos>/<eos>."""
     g = torch.Generator().manual_seed(args.seed)
-    b, length = args.batch_size, args.length
-    feats = torch.relu(torch.randn(b, args.regions, args.feature_dim, generator=g))
-    words = torch.randint(max(1, length // 2), length + 1, (b,), generator=g)
-    tokens = torch.zeros(b, length + 2, dtype=torch.long)
+    group = 5 if args.batching == "image" else 1
+    items = max(1, round(args.batch_size / group))
+    rows, length = items * group, args.length
+    feats = torch.relu(torch.randn(items, args.regions, args.feature_dim, generator=g))
+    words = torch.randint(max(1, length // 2), length + 1, (rows,), generator=g)
+    tokens = torch.zeros(rows, length + 2, dtype=torch.long)
     for i, n in enumerate(words.tolist()):
         tokens[i, 0] = 1
         tokens[i, 1 : n + 1] = torch.randint(4, args.vocab, (n,), generator=g)
         tokens[i, n + 1] = 2
     lengths = words + 2
-    mask = torch.ones(b, args.regions, dtype=torch.bool)
-    return feats.to(device), mask.to(device), tokens.to(device), lengths.to(device)
+    row_feats = feats.repeat_interleave(group, 0)[: args.batch_size]
+    return {"feats": feats.to(device), "mask": torch.ones(items, args.regions, dtype=torch.bool, device=device),
+            "tokens": tokens.to(device), "steps": (lengths - 1).tolist(), "rows": rows,
+            "baseline": (row_feats.to(device), tokens[: args.batch_size].to(device), lengths[: args.batch_size].to(device))}
 
 
 def _time_interleaved(
@@ -226,11 +239,9 @@ def _shape(args: Any, device: torch.device) -> dict:
     }
 
 
-def _ours_step(
-    args: Any, device: torch.device, feats: Tensor, mask: Tensor, tokens: Tensor, amp: str
-) -> Callable[[], None]:
-    """One training step (loss, backward, Adam) of ``LSTMDecoder.compute_loss`` on the batch
-    (feats [B, N, C], mask [B, N], tokens [B, T+2]); compiled with ``--compile``."""
+def _ours_step(args: Any, device: torch.device, batch: dict[str, Any], amp: str) -> Callable[[], None]:
+    """One training step (loss, backward, Adam) of ``LSTMDecoder.compute_loss`` on the batch, as the
+    training job runs it (per image, the caption lengths from the host); compiled with ``--compile``."""
     cfg = dict(
         variant="soft_attention",
         scoring="additive",
@@ -242,10 +253,13 @@ def _ours_step(
     )
     ours = build_decoder(cfg, args.vocab, args.feature_dim).to(device).train()
     opt = _adam(list(ours.parameters()))
-    loss_fn = ours.compute_loss
+    feats, mask, tokens = batch["feats"], batch["mask"], batch["tokens"]
     if args.compile:
         mode = "reduce-overhead" if device.type == "cuda" else None
-        loss_fn = torch.compile(functools.partial(ours.compute_loss, static=True), fullgraph=True, mode=mode)
+        compiled = torch.compile(functools.partial(ours.compute_loss, static=True), fullgraph=True, mode=mode)
+        loss_fn = functools.partial(compiled, feats, mask, tokens)
+    else:
+        loss_fn = functools.partial(ours.compute_loss, feats, None, tokens, lengths=batch["steps"])
 
     def step() -> None:
         ctx = (
@@ -256,7 +270,7 @@ def _ours_step(
         if args.compile and device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
         with ctx:
-            loss = loss_fn(feats, mask, tokens)["loss"]
+            loss = loss_fn()["loss"]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -275,9 +289,7 @@ def _compile_seconds(step: Callable[[], None], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def _baseline_step(
-    args: Any, device: torch.device, feats: Tensor, tokens: Tensor, lengths: Tensor
-) -> Callable[[], None]:
+def _baseline_step(args: Any, device: torch.device, batch: dict[str, Any]) -> Callable[[], None]:
     """One training step (loss, backward, Adam) of ``TutorialDecoder`` on the batch, fp32."""
     base = (
         TutorialDecoder(args.feature_dim, args.embed, args.hidden, args.attention_dim, args.vocab)
@@ -285,6 +297,7 @@ def _baseline_step(
         .train()
     )
     base_opt = _adam(list(base.parameters()))
+    feats, tokens, lengths = batch["baseline"]
 
     def step() -> None:
         loss = base.loss(feats, tokens, lengths)
@@ -297,18 +310,21 @@ def _baseline_step(
 
 def _records(
     args: Any, times: dict[str, list[float]], *, amp: str, compile_s: float,
-    peak_mb: float | None, shape: dict,
+    peak_mb: float | None, shape: dict, rows: dict[str, int],
 ) -> list[dict]:
-    """``train/ours``, and unless ``--skip-baseline`` ``train/baseline`` and ``train/speedup``,
-    from the seconds of each step of each model (value: median, best: fastest)."""
-    med = {k: statistics.median(v) for k, v in times.items()}
-    best = {k: min(v) for k, v in times.items()}
+    """``train/ours``, and unless ``--skip-baseline`` ``train/baseline`` and ``train/speedup`` (of the
+    captions/s), from the seconds of each step of each model (value: median, best: fastest) and the
+    captions of each one's batch (``rows``)."""
+    med = {k: statistics.median(v) / rows[k] for k, v in times.items()}  # seconds per caption
+    best = {k: min(v) / rows[k] for k, v in times.items()}
     results = [
         {
             "name": "train/ours",
             "unit": "captions/s",
-            "value": round(args.batch_size / med["ours"], 2),
-            "best": round(args.batch_size / best["ours"], 2),
+            "value": round(1 / med["ours"], 2),
+            "best": round(1 / best["ours"], 2),
+            "batching": args.batching,
+            "captions": rows["ours"],
             "amp": amp,
             "compile": bool(args.compile),
             "compile_s": round(compile_s, 1),
@@ -323,8 +339,8 @@ def _records(
         {
             "name": "train/baseline",
             "unit": "captions/s",
-            "value": round(args.batch_size / med["baseline"], 2),
-            "best": round(args.batch_size / best["baseline"], 2),
+            "value": round(1 / med["baseline"], 2),
+            "best": round(1 / best["baseline"], 2),
             "amp": "off",
             **shape,
         }
@@ -347,17 +363,18 @@ def run(args: Any) -> list[dict]:
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    feats, mask, tokens, lengths = _make_batch(args, device)
+    batch = _make_batch(args, device)
+    rows = {"ours": batch["rows"], "baseline": batch["baseline"][1].shape[0]}
     amp = _amp_mode(args, device)
     shape = _shape(args, device)
-    ours_step = _ours_step(args, device, feats, mask, tokens, amp)
+    ours_step = _ours_step(args, device, batch, amp)
     compile_s = _compile_seconds(ours_step, device) if args.compile else 0.0
     peak_mb = peak_memory_mb(ours_step, device)  # before the baseline takes memory of its own
     fns: dict[str, Callable[[], None]] = {"ours": ours_step}
     if not args.skip_baseline:
-        fns["baseline"] = _baseline_step(args, device, feats, tokens, lengths)
+        fns["baseline"] = _baseline_step(args, device, batch)
     times = _time_interleaved(fns, args.steps, args.warmup, device)
-    records = _records(args, times, amp=amp, compile_s=compile_s, peak_mb=peak_mb, shape=shape)
+    records = _records(args, times, amp=amp, compile_s=compile_s, peak_mb=peak_mb, shape=shape, rows=rows)
     if not args.compile:  # a compiled step's kernels are the graph's, not dispatched one by one
         for record in records[:2]:
             record["ops_per_step"] = dispatched_ops(fns["ours" if record["name"] == "train/ours" else "baseline"])
@@ -366,6 +383,7 @@ def run(args: Any) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         setting = ("auto" if device.type == "cuda" else "true") if args.compile else "false"
-        baseline_s = statistics.median(times["baseline"]) if "baseline" in times else None
+        baseline_s = statistics.median(times["baseline"]) / rows["baseline"] * args.batch_size \
+            if "baseline" in times else None  # a batch of batch_size captions
         records += cli_figures(args, device.type, setting, statistics.median(times["ours"]), baseline_s, shape)
     return records

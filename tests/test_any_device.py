@@ -87,13 +87,13 @@ def test_a_self_critical_step_makes_no_tensor_on_the_default_device(name: str, i
     config = {"model": decoder_class(name).examples()[i], "stage": "scst",
               "scst": {"samples": 2, "max_length": 4, "xe_weight": 0.5, "entropy_weight": 0.01}}
     module = CaptioningModule.from_hparams(config, vocab, meta).train()
-    module._reward = CiderD([["w1 w2 w3".split(), "w2 w4".split()]] * 5)
+    module.scst.reward = CiderD([["w1 w2 w3".split(), "w2 w4".split()]] * 5)
     feats, mask, tokens = _batch()
     from captioning.data.datamodule import Batch
 
     batch = Batch(feats.half(), mask, tokens, torch.arange(5))
     with torch.device("meta"):
-        out = module._scst_loss(batch)
+        out = module.scst.loss(module, batch)
         out["loss"].backward()
     _on_cpu(*out.values())
     drawn = None

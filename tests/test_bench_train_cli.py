@@ -55,17 +55,24 @@ def test_the_cli_overrides_compose_with_the_benchmarks_model(tmp_path) -> None:
     assert (cfg.model.embed_dim, cfg.model.hidden_dim, cfg.model.attention_dim) == (8, 8, 4)
     assert cfg.model.deep_output is False and cfg.data.batch_size == 4 and cfg.data.max_length == 6
     assert cfg.trainer.precision == "bf16-mixed" and cfg.compile == "auto"
-    assert cfg.callbacks.clock.path == str(tmp_path / "c.json") and cfg.callbacks.attention_images is None
+    assert cfg.callbacks.clock.path == str(tmp_path / "c.json")
+    # the job as a user runs it: its default callbacks, loggers and progress, per-image batches
+    assert {"checkpoint", "early_stopping", "lr_monitor", "progress", "attention_images"} <= set(cfg.callbacks)
+    assert all(cfg.callbacks[k] is not None for k in cfg.callbacks) and set(cfg.logger) == {"tensorboard", "csv"}
+    assert cfg.trainer.enable_progress_bar and (cfg.data.batching, cfg.data.cache) == ("image", "auto")
 
 
 @pytest.mark.slow
 def test_a_cli_run_beside_the_benchmark_on_a_cpu() -> None:
     records = run_bench("train", f"{TINY} --steps 1 --warmup 0 --cli --cli-items 16 --cli-epochs 2 --cli-workers 0")
     by_name = {r["name"]: r for r in records}
-    assert {"train/cli", "train/cli_vs_ours", "train/cli_vs_baseline"} <= set(by_name)
+    assert {"train/cli", "train/cli_vs_ours", "train/cli_vs_baseline", "train/cli_loader", "train/cli_loop"} <= set(
+        by_name)
     cli = by_name["train/cli"]
-    assert cli["value"] > 0 and cli["steps_timed"] >= 10 and cli["compile"] == "false"
-    assert by_name["train/cli_vs_ours"]["value"] > 0 and by_name["train/cli_vs_ours"]["target"] == 0.9
+    assert cli["value"] > 0 and cli["steps_timed"] >= 10 and cli["compile"] == "false" and cli["batching"] == "image"
+    assert by_name["train/cli_vs_ours"]["value"] > 0 and by_name["train/cli_vs_ours"]["target"] == 0.85  # a CPU
+    assert by_name["train/cli_loader"]["value"] > 0 and by_name["train/cli_loop"]["steps_timed"] >= 40
+    assert by_name["train/ours"]["captions"] == 5  # round(4 / 5) = 1 item with its 5 captions
 
 
 def test_dispatched_ops_leave_views_out() -> None:

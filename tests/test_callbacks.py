@@ -60,16 +60,21 @@ def test_progress_is_a_live_bar_on_a_terminal_and_lines_elsewhere():
     from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 
     from captioning.errors import ConfigError
-    from captioning.train.callbacks import LineProgress, progress_bar
+    from captioning.train.callbacks import LineProgress, LoggedLosses, progress_bar
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
 
-    assert type(progress_bar("rich", stream=Terminal())) is RichProgressBar
-    assert type(progress_bar("tqdm", stream=Terminal())) is TQDMProgressBar
+    rich, tqdm = progress_bar("rich", stream=Terminal()), progress_bar("tqdm", stream=Terminal())
+    assert isinstance(rich, RichProgressBar) and isinstance(tqdm, TQDMProgressBar)
     piped = progress_bar("tqdm", every_percent=25, stream=io.StringIO())
     assert type(piped) is LineProgress and piped.every == 25
+    # every bar shows the losses of the last logging step, read there (nothing logged with prog_bar)
+    module = type("M", (), {"progress_metrics": {"loss": 2.5}})()
+    trainer = type("T", (), {"progress_bar_metrics": {"val/CIDEr": 0.5}, "loggers": []})()
+    for bar in (rich, tqdm, piped):
+        assert isinstance(bar, LoggedLosses) and bar.get_metrics(trainer, module) == {"val/CIDEr": 0.5, "loss": 2.5}
     with pytest.raises(ConfigError, match="callbacks.progress.bar='live'"):
         progress_bar("live")
     with pytest.raises(ConfigError, match="every_percent=0"):
@@ -105,7 +110,8 @@ def test_piped_training_prints_a_line_per_tenth_of_an_epoch(tiny, tmp_path):
     batches 2, 3, 4, 5, 6, 8, 9, 10, 11, 12 (the first batch past each 10%) and one validation
     line, even with the tqdm bar asked for; the whole output stays short."""
     proc = run_cli("train", *data_overrides(tiny["root"], tiny["features_dir"]), *FAST, "logger=csv",
-                   "callbacks.progress.bar=tqdm", "trainer.max_epochs=1", f"hydra.run.dir={tmp_path / 'run'}")
+                   "callbacks.progress.bar=tqdm", "trainer.max_epochs=1", "data.batching=caption",
+                   f"hydra.run.dir={tmp_path / 'run'}")
     lines = re.split(r"\r\n|\r|\n", proc.stdout + proc.stderr)  # a live bar's redraws count as lines
     progress = [ln for ln in lines if "[captioning.progress]" in ln]
     done = [int(m.group(1)) for ln in progress if (m := re.search(r"\((\d+)/12 batches", ln))]
@@ -127,7 +133,7 @@ def test_attention_images_reach_tensorboard_every_epoch(tiny, tmp_path):
     run = tmp_path / "run"
     run_cli("train", *data_overrides(tiny["root"], tiny["features_dir"]), *FAST, "logger=default",
             "callbacks.attention_images.items=2", "callbacks.lr_monitor=null", "trainer.max_epochs=2",
-            f"hydra.run.dir={run}")
+            "data.batching=caption", f"hydra.run.dir={run}")
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0}).Reload()
     first_val = [str(i) for i in tiny["splits"]["val"][:2]]  # the same two items every epoch
     assert sorted(acc.Tags()["images"]) == sorted(f"val/attention/{i}" for i in first_val)

@@ -118,7 +118,7 @@ def test_training_batches_are_those_of_the_records_path(tmp_path: Path) -> None:
     table = caption_table(cfg)
     assert table.vocabulary() == vocab
     store = FeatureStore.open(data["features_dir"])
-    dm = CaptionDataModule(table, store, vocab, max_length=3, batch_size=5, num_workers=0)
+    dm = CaptionDataModule(table, store, vocab, max_length=3, batch_size=5, num_workers=0, batching="caption")
     for split in ("train", "val", "test"):
         items = dm.items[split]
         assert items.records == dataset.split(split)

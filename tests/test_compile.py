@@ -50,7 +50,7 @@ def test_compile_auto_is_cuda_graphs_on_cuda_and_eager_on_a_cpu(monkeypatch: pyt
     with pytest.raises(ConfigError, match="compile='maybe' is not one of auto, true, false"):
         compile_setting("maybe")
     module = _module("auto")
-    assert module.compile_setting == "auto" and module.compile_mode() is None  # on this CPU
+    assert module.settings.compile == "auto" and module.compile_mode() is None  # on this CPU
     monkeypatch.setattr(CaptioningModule, "device", property(lambda self: CUDA))
     assert module.compile_mode() == "reduce-overhead"
 
@@ -58,11 +58,17 @@ def test_compile_auto_is_cuda_graphs_on_cuda_and_eager_on_a_cpu(monkeypatch: pyt
 def test_fixed_shapes_pads_captions_and_rows_without_changing_the_loss() -> None:
     dec = _decoder("lstm", 2).eval()
     feats, mask, tokens = _batch()
-    padded = fixed_shapes(feats, mask, tokens, rows=8, length=9, pad=0)
+    padded = fixed_shapes(feats, mask, tokens, items=8, rows=8, length=9, pad=0)
     assert [tuple(x.shape) for x in padded] == [(8, 4, 6), (8, 4), (8, 9)]
     assert not padded[1][5:].any() and not padded[2][5:].any()
     static = functools.partial(dec.compute_loss, static=True)
     a, b = static(feats, mask, tokens), static(*padded)
+    for key in ("loss", "xe", "ds"):
+        torch.testing.assert_close(b[key], a[key], msg=key)
+    # a per-image batch (2 items x 2 captions) padded to 4 items x 2 captions
+    grouped = fixed_shapes(feats[:2], mask[:2], tokens[:4], items=4, rows=8, length=9, pad=0)
+    assert [tuple(x.shape) for x in grouped] == [(4, 4, 6), (4, 4), (8, 9)]
+    a, b = static(feats[:2], mask[:2], tokens[:4]), static(*grouped)
     for key in ("loss", "xe", "ds"):
         torch.testing.assert_close(b[key], a[key], msg=key)
 
@@ -115,10 +121,20 @@ def _module(setting: str, batch_size: int = 8) -> CaptioningModule:
     return CaptioningModule.from_hparams(config, vocab, meta)
 
 
+def counting_compile(monkeypatch: pytest.MonkeyPatch) -> GraphCounter:
+    """``torch.compile`` with a ``GraphCounter`` backend wherever the package calls it."""
+    counter, compile_ = GraphCounter(), torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, **{**kw, "backend": counter, "mode": None}))
+    torch._dynamo.reset()
+    return counter
+
+
+@pytest.mark.parametrize("batching,shapes", [("caption", {8, 2}), ("image", {4, 1})])
 def test_a_compiled_run_compiles_once_over_epochs_lengths_a_short_last_batch_and_validation(
-        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """21 training items x 2 captions = 42 samples in batches of 8: five full batches of different
-    caption lengths and a last one of 2, twice (2 epochs), validation after each: one graph."""
+        tmp_path, monkeypatch: pytest.MonkeyPatch, batching: str, shapes: set[int]) -> None:
+    """21 training items x 2 captions = 42 captions in batches of 8 captions (per caption: 8 rows;
+    per image: 4 items of 2 captions): five full batches of different caption lengths and a short
+    last one, twice (2 epochs), validation after each: one graph."""
     meta = {"settings": {"backbone": "toy"}, "kind": "image", "positions": 4, "dim": 6, "grid": [2, 2],
             "dtype": "float16"}
     train, val = _records("train", 21, 0), _records("val", 5, 100)
@@ -129,10 +145,8 @@ def test_a_compiled_run_compiles_once_over_epochs_lengths_a_short_last_batch_and
     module = _module("true")
     vocab = Vocabulary.from_dict(module.hparams["vocab"])
     dm = CaptionDataModule({"train": train, "val": val}, FeatureStore.open(tmp_path / "store"), vocab, max_length=6,
-                           batch_size=8, num_workers=0)
-    counter = GraphCounter()
-    module.compile_backend = counter
-    torch._dynamo.reset()
+                           batch_size=8, num_workers=0, batching=batching)
+    counter = counting_compile(monkeypatch)
     seen: list[tuple[int, int]] = []
     monkeypatch.setattr(module_mod, "fixed_shapes", functools.partial(_recording, module_mod.fixed_shapes, seen))
     trainer = pl.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
@@ -140,11 +154,11 @@ def test_a_compiled_run_compiles_once_over_epochs_lengths_a_short_last_batch_and
                          default_root_dir=tmp_path)
     trainer.fit(module, datamodule=dm)
     # the batches did differ: 8 rows and 2 (the last), captions of several lengths
-    assert len(seen) == 12 and {b for b, _ in seen} == {8, 2} and len({t for _, t in seen}) > 1, seen
+    assert len(seen) == 12 and {b for b, _ in seen} == shapes and len({t for _, t in seen}) > 1, seen
     assert counter.graphs == 1, f"{counter.graphs} graphs for batches of shapes {sorted(set(seen))}"
 
 
-def _recording(original, seen, features, mask, tokens, rows, length, pad):
+def _recording(original, seen, features, mask, tokens, items, rows, length, pad):
     seen.append((features.shape[0], tokens.shape[1]))
-    return original(features, mask, tokens, rows, length, pad)
+    return original(features, mask, tokens, items, rows, length, pad)
 

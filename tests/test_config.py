@@ -187,20 +187,13 @@ def test_every_yaml_is_used(tmp_path):
     assert Path(CONF / "hydra" / "launcher" / "slurm.yaml").is_file()
 
 
-def test_the_stage_is_one_value_also_in_older_checkpoints():
+def test_the_stage_is_one_value():
     from captioning.errors import ConfigError
-    from captioning.train.stage import stage_of, without_flags
+    from captioning.train.stage import stage_named
 
-    assert [stage_of({"stage": s}).name for s in ("xe", "scst", "finetune")] == ["xe", "scst", "finetune"]
-    # configs written before the stage was one value: their flags say it
-    assert stage_of({"scst": {"enabled": True}, "finetune": {"enabled": False}}).name == "scst"
-    assert stage_of({"finetune": {"enabled": True, "blocks": 2}}).name == "finetune"
-    assert stage_of({"scst": {"enabled": False}}).name == "xe" and stage_of({}).name == "xe"
-    with pytest.raises(ConfigError, match="stage='scst\\+finetune': use xe"):
-        stage_of({"scst": {"enabled": True}, "finetune": {"enabled": True}})
-    with pytest.raises(ConfigError, match="stage='rl'"):
-        stage_of({"stage": "rl"})
-    assert without_flags({"enabled": True, "blocks": 2}) == {"blocks": 2}
+    assert [stage_named(s).name for s in ("xe", "scst", "finetune")] == ["xe", "scst", "finetune"]
+    with pytest.raises(ConfigError, match="stage='rl': use xe"):
+        stage_named("rl")
 
 
 def test_the_module_settings_of_a_run_and_of_its_checkpoint_agree():
@@ -218,10 +211,11 @@ def test_the_module_settings_of_a_run_and_of_its_checkpoint_agree():
     assert typed == ModuleSettings.from_config(config_dict(cfg))
     assert (typed.stage, typed.compile, typed.batch_size, typed.scst.baseline) == (STAGES["scst"], "false", 7, "mean")
     assert typed.optim.label_smoothing == 0.1 and typed.decode.beam_size == 5
-    # a checkpoint from before the stage was one value and compile a setting
-    old = ModuleSettings.from_config({"model": {"name": "lstm"}, "scst": {"enabled": True, "samples": 3},
-                                      "compile": True, "data": {"batch_size": 4, "max_length": 9}})
-    assert (old.stage.name, old.scst.samples, old.compile, old.batch_size, old.max_length) == ("scst", 3, "true", 4, 9)
-    assert old.model == decoder_config({"name": "lstm"}) and old.optim == OptimConfig()
+    # sections a minimal config leaves out take their defaults
+    small = ModuleSettings.from_config({"model": {"name": "lstm"}, "stage": "scst", "scst": {"samples": 3},
+                                        "data": {"batch_size": 4, "max_length": 9}})
+    assert (small.stage.name, small.scst.samples, small.compile, small.batch_size, small.max_length) == (
+        "scst", 3, "auto", 4, 9)
+    assert small.model == decoder_config({"name": "lstm"}) and small.optim == OptimConfig()
     with pytest.raises(TypeError, match="lrr"):  # a key this code does not have (load_captioner: one line)
         ModuleSettings.from_config({"model": {"name": "lstm"}, "optim": {"lrr": 1e-3}})

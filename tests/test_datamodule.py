@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from captioning.data.datamodule import (
     Batch,
     CaptionEvalDataset,
-    CaptionItemDataset,
+    CaptionsPerItemDataset,
     CaptionTrainDataset,
     FeatureItems,
     collate,
@@ -113,7 +113,7 @@ def test_batches_read_whole_equal_collate_of_samples(store: Path) -> None:
     _equal(train.__getitems__(ks), collate([train[k] for k in ks]))
     evaluation = CaptionEvalDataset(items)
     _equal(evaluation.__getitems__([3, 1, 12]), collate([evaluation[i] for i in (3, 1, 12)]))
-    per_item = CaptionItemDataset(items, vocab, max_length=5)
+    per_item = CaptionsPerItemDataset(items, vocab, max_length=5, k=1)
     torch.manual_seed(3)
     whole = per_item.__getitems__([4, 8, 2, 9])
     torch.manual_seed(3)
@@ -151,8 +151,8 @@ def test_worker_batches_are_the_items_in_shared_memory(store: Path) -> None:
 def test_a_workers_batch_is_allocated_in_shared_memory(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     items = FeatureItems(_records(), FeatureStore.open(store))
     assert not items.batch([0, 1])[0].is_shared()  # the main process keeps it
-    monkeypatch.setattr("captioning.data.datamodule.get_worker_info", lambda: object())  # as inside a worker
-    feats, _ = items.batch([0, 1])
+    monkeypatch.setattr("captioning.data.batches.get_worker_info", lambda: object())  # as inside a worker
+    feats, _, _ = items.batch([0, 1])
     assert feats.is_shared()  # sent to the main process as it is, not copied into shared memory first
     np.testing.assert_array_equal(feats[1].numpy(), _features(1))
 
@@ -163,3 +163,33 @@ def test_pin_memory_pins_every_tensor(store: Path) -> None:
     batch = CaptionTrainDataset(items, _vocab(), max_length=5).__getitems__([0, 1]).pin_memory()
     assert all(t.is_pinned() for t in (batch.features, batch.mask, batch.tokens, batch.index))
 
+
+
+@pytest.mark.parametrize("batching", ["image", "caption"])
+def test_the_device_cache_gives_the_loaders_batches_in_the_same_order(store: Path, batching: str) -> None:
+    """``data.cache=device`` with the CPU as the device: the loader reads captions only and the cache
+    gathers each batch's features and mask (``on_after_batch_transfer``); for the same seed the
+    batches are the store-reading loader's, in the same order, over two epochs."""
+    from captioning.data.datamodule import CaptionDataModule
+
+    records = _records()
+    modules = {c: CaptionDataModule({"train": records, "val": records[:3]}, FeatureStore.open(store), _vocab(),
+                                    max_length=5, batch_size=4, num_workers=0, batching=batching, cache=c, seed=3)
+               for c in ("none", "device")}
+    cached = modules["device"]
+    epochs = {}
+    for setting, dm in modules.items():
+        loader = dm.train_dataloader()
+        batches = []
+        for epoch in range(2):
+            loader.dataset.set_epoch(epoch) if hasattr(loader.dataset, "set_epoch") else None
+            torch.manual_seed(epoch)
+            batches += [dm.on_after_batch_transfer(b, 0) for b in loader]
+        epochs[setting] = batches
+    assert cached.cache is not None and modules["none"].cache is None
+    assert cached.cache.features.shape == (13, N, C) and cached.cache.features.dtype == torch.float16
+    assert all(b.features is None for b in cached.train_dataloader())  # the loader reads no features
+    assert len(epochs["device"]) == len(epochs["none"]) > 4
+    for a, b in zip(epochs["device"], epochs["none"], strict=True):
+        _equal(a, b)
+        assert torch.equal(a.lengths, b.lengths) and a.full == b.full

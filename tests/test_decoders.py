@@ -144,9 +144,9 @@ def test_checkpoint_round_trip(name: str, i: int, tmp_path) -> None:
     loaded = load_captioner(path)
     assert type(loaded.decoder) is type(model.decoder)
     feats, mask, tokens = _batch(5)
-    a = model.generate(feats, mask, model.settings.decode)
-    b = loaded.generate(feats, mask, loaded.settings.decode)
-    assert [h.tokens for h in a] == [h.tokens for h in b]
+    a = model.decode(feats, mask, model.settings.decode)
+    b = loaded.decode(feats, mask, loaded.settings.decode)
+    assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
     torch.testing.assert_close(loaded.decoder.compute_loss(feats, mask, tokens)["loss"],
                                model.decoder.compute_loss(feats, mask, tokens)["loss"])
 

@@ -21,7 +21,7 @@ from captioning.data.vocab import Vocabulary
 from captioning.errors import ConfigError
 from captioning.evaluation.grounding import coverage_entropy
 from captioning.evaluation.job import EvaluateConfig, Laps, decode_split, evaluate, split_items
-from captioning.models.decoders.lstm_step import native_autocast
+from captioning.models.decoders.lstm_forcing import native_low_precision
 from captioning.models.search import DecodeConfig
 from captioning.predictions import read_predictions
 from captioning.store.feature_store import FeatureStore
@@ -64,10 +64,10 @@ def test_evaluation_decodes_in_fp32_unless_asked_and_says_so(tiny, tmp_path) -> 
     assert _read(gpu_preset, "predictions.json") == _read(fp32, "predictions.json")  # not the trainer's autocast
     scores = {name: [p["score"] for p in _read(s, "predictions.json")] for name, s in (("fp32", fp32), ("bf16", bf16))}
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        native = native_autocast(torch.device("cpu"))
+        native = native_low_precision(torch.device("cpu"))
     if native:
         assert scores["bf16"] != scores["fp32"]  # bf16 did decode in bf16
-    else:  # a CPU without native bf16 products: the decoder computes in float32 (lstm_step.native_autocast)
+    else:  # a CPU without native bf16 products: the decoder computes in float32 (lstm_forcing.native_low_precision)
         assert scores["bf16"] == scores["fp32"]
     for summary, precision in ((fp32, "fp32"), (gpu_preset, "fp32"), (bf16, "bf16")):
         meta, prov = _read(summary, "report.json")["meta"], _read(summary, "provenance.json")

@@ -16,7 +16,8 @@ from faults.faultlib import fault_env, inject_env, killed, resumed_from, state_d
 
 from captioning.errors import ConfigError
 from captioning.features.backbones import EncoderConfig, build_backbone, stages
-from captioning.train.finetune import FinetuneConfig, extend_schedule, finetuned_meta, unfreeze_last
+from captioning.train.finetune import FinetuneConfig, finetuned_meta, unfreeze_last
+from captioning.train.optim import OptimConfig, configure_optimization
 from captioning.viz.captions_file import read_captions
 
 IMAGE_SIZE = 64  # EfficientNet-Lite0, stride 32: a 2x2 grid of 1280 channels
@@ -73,23 +74,24 @@ def test_unfreeze_last_trains_the_last_stages_but_not_batchnorm() -> None:
         unfreeze_last(build_backbone(LITE0), 10)
 
 
-@pytest.mark.parametrize("kind", ["lambda", "step", "plateau"])
+@pytest.mark.parametrize("kind", ["cosine", "step", "plateau"])
 def test_the_encoder_group_follows_the_decoder_schedule(kind: str) -> None:
-    """Decoder lr 1.0, encoder lr 0.1, halved every step: (1, .1), (.5, .05), (.25, .025)."""
+    """Parameter groups (decoder lr 1.0, encoder lr 0.1) through ``configure_optimization``: the
+    encoder's group gets the decoder's schedule, whatever the schedule."""
     dec, enc = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
-    opt = torch.optim.SGD([dec], lr=1.0)
-    sched = {"lambda": lambda: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5**s),
-             "step": lambda: torch.optim.lr_scheduler.StepLR(opt, 1, 0.5),
-             "plateau": lambda: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, "max", 0.5, patience=0)}[kind]()
-    opt.add_param_group({"params": [enc], "lr": 0.1})
-    extend_schedule(sched, opt, 0.1)
+    cfg = OptimConfig(lr=1.0, scheduler=kind, step_epochs=1, gamma=0.5, warmup_steps=0, min_lr_ratio=0.0)
+    out = configure_optimization([{"params": [dec], "lr": 1.0}, {"params": [enc], "lr": 0.1}], cfg, schedule_steps=2)
+    opt, sched = out["optimizer"], out["lr_scheduler"]["scheduler"]
     seen = []
-    for score in (1.0, 0.5, 0.4):
+    for score in (1.0, 0.5, 0.4, 0.3, 0.2):
         seen.append([g["lr"] for g in opt.param_groups])
+        dec.grad, enc.grad = torch.zeros(1), torch.zeros(1)
         opt.step()
         sched.step(score) if kind == "plateau" else sched.step()
-    want = [[1.0, 0.1], [0.5, 0.05], [0.25, 0.025]] if kind != "plateau" else [[1.0, 0.1], [1.0, 0.1], [0.5, 0.05]]
-    np.testing.assert_allclose(seen, want, rtol=1e-12)
+    halves = [[0.5**k, 0.1 * 0.5**k] for k in range(5)]
+    want = {"cosine": [[1.0, 0.1], [0.5, 0.05], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], "step": halves,
+            "plateau": [[1.0, 0.1]] * 4 + [[0.5, 0.05]]}[kind]  # patience 2: the third bad score halves
+    np.testing.assert_allclose(seen, want, rtol=1e-12, atol=1e-12)
 
 
 def test_what_cannot_be_fine_tuned_is_refused() -> None:

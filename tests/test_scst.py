@@ -186,21 +186,21 @@ def test_reward_equals_captioning_score_cider_d_per_item(tmp_path) -> None:
 
 
 def test_the_reference_draw_is_seeded_by_seed_epoch_and_item_not_the_process_stream(tiny_images) -> None:
-    """``CaptionItemDataset``: item i's reference in epoch e is the same whoever reads it (a loader
+    """``CaptionsPerItemDataset`` with one caption per item: item i's reference in epoch e is the same whoever reads it (a loader
     worker or the main process) and whatever was drawn before; torch's random stream is untouched."""
     from captioning.data.caption_table import CaptionTable
-    from captioning.data.datamodule import CaptionItemDataset, FeatureItems
+    from captioning.data.datamodule import CaptionsPerItemDataset, FeatureItems
     from captioning.store.feature_store import FeatureStore
 
     table = CaptionTable.from_records(_tiny_records(tiny_images))
     items = FeatureItems(table, FeatureStore.open(tiny_images["features_dir"]), "train")
     vocab = table.vocabulary(min_count=1)
-    ds = CaptionItemDataset(items, vocab, max_length=10, seed=7)
+    ds = CaptionsPerItemDataset(items, vocab, max_length=10, k=1, seed=7)
     rows = list(range(len(items)))
 
     def draws(epoch: int) -> list[list[int]]:
         ds.set_epoch(epoch)
-        return [ds._draw(i) for i in rows]
+        return [ds.captions(i)[0].tolist() for i in rows]
 
     torch.manual_seed(0)
     state = torch.get_rng_state()
@@ -208,7 +208,7 @@ def test_the_reference_draw_is_seeded_by_seed_epoch_and_item_not_the_process_str
     assert torch.equal(torch.get_rng_state(), state)  # no draw from the process's stream
     torch.rand(100)  # whatever the process drew meanwhile
     assert draws(0) == first and draws(1) != first  # per epoch, reproducible
-    assert [ds._draw(i) for i in reversed(rows)][::-1] == draws(1)  # per item, in any order
+    assert [ds.captions(i)[0].tolist() for i in reversed(rows)][::-1] == draws(1)  # per item, in any order
     refs = {i: {tuple(table.encode(k, ds.encoder, 10).tolist())
                 for k in range(int(items.first_caption[i]), int(items.first_caption[i] + items.n_captions[i]))}
             for i in rows}

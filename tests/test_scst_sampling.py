@@ -1,6 +1,6 @@
-"""SCST's fixed-shape decoding (``captioning.train.scst_sampling``) against ``models.search``: the
-same sampling distribution and log-probabilities, the same greedy captions, one graph under
-torch.compile for every compilable decoder."""
+"""The one sampler (``captioning.models.sampling.sample``) at a fixed length, the way a compiled SCST
+step runs it, against its early-stopping run: the same sampling distribution and log-probabilities,
+the same greedy captions, one graph under torch.compile for every compilable decoder."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from test_decoders import CASES, IDS, _batch, _decoder
 from test_scst import BOS, EOS, PAD, UNK, V, _feats
 from test_scst import _decoder as _scst_decoder
 
+from captioning.models.sampling import gumbel_argmax
 from captioning.models.search import greedy_decode, sample
 from captioning.train.scst import ScstConfig
-from captioning.train.scst_sampling import greedy_fixed, greedy_words, gumbel_argmax, sample_fixed
 
 BANNED = [PAD, BOS, UNK]
 
@@ -40,7 +40,8 @@ def test_fixed_samples_follow_search_samples_distribution() -> None:
         lp[0, BANNED + [EOS]] = float("-inf")  # min_length 1: no <eos> first
         p = torch.softmax(lp[0], -1)
         torch.manual_seed(1)
-        ours = sample_fixed(dec, feats, None, n=6000, max_length=3, bos=BOS, eos=EOS, banned=BANNED).tokens[:, 0]
+        ours = sample(dec, feats, None, n=6000, max_length=3, bos=BOS, eos=EOS, banned=BANNED,
+                      fixed_length=True).tokens[:, 0]
         theirs = sample(dec, feats, None, n=6000, max_length=3, bos=BOS, eos=EOS, banned=BANNED).tokens[:, 0]
     for draws in (ours, theirs):
         freq = torch.bincount(draws, minlength=V).float() / draws.numel()
@@ -51,8 +52,8 @@ def test_fixed_samples_log_probs_are_the_models_and_respect_the_constraints() ->
     dec = _scst_decoder()
     feats = _feats()
     torch.manual_seed(2)
-    drawn = sample_fixed(dec, feats, None, n=4, max_length=5, bos=BOS, eos=EOS, banned=BANNED, min_length=2,
-                         entropy=True)
+    drawn = sample(dec, feats, None, n=4, max_length=5, bos=BOS, eos=EOS, banned=BANNED, min_length=2, entropy=True,
+                   fixed_length=True)
     assert drawn.tokens.shape == (12, 6) and bool(drawn.finished.all())
     words = drawn.words(EOS)
     assert all(2 <= len(w) <= 5 for w in words) and not any(t in (*BANNED, EOS) for w in words for t in w)
@@ -83,7 +84,8 @@ def test_fixed_greedy_equals_greedy_decode(name: str, i: int) -> None:
             p.mul_(2.0)
     feats, mask, _ = _batch(2)
     with torch.no_grad():
-        ours = greedy_words(greedy_fixed(dec, feats, mask, max_length=6, bos=BOS, eos=EOS, banned=BANNED), EOS)
+        ours = sample(dec, feats, mask, max_length=6, bos=BOS, eos=EOS, banned=BANNED, greedy=True, min_length=0,
+                      fixed_length=True).words(EOS)
         theirs = greedy_decode(dec, feats, mask, 6, BOS, EOS, unk=UNK)
     assert ours == [h.tokens for h in theirs]
 
@@ -96,44 +98,48 @@ def test_scst_decoding_compiles_as_one_graph_each(name: str, i: int) -> None:
     feats, mask, _ = _batch()
     torch._dynamo.reset()
     counter = GraphCounter()
-    draw = torch.compile(functools.partial(sample_fixed, dec, n=2, max_length=3, bos=BOS, eos=EOS, banned=BANNED,
-                                           entropy=True), backend=counter, fullgraph=True, dynamic=False)
+    draw = torch.compile(functools.partial(sample, dec, n=2, max_length=3, bos=BOS, eos=EOS, banned=BANNED,
+                                           entropy=True, fixed_length=True), backend=counter, fullgraph=True,
+                         dynamic=False)
     out = draw(feats, mask)
     out.log_probs.sum().backward()
     assert counter.graphs == 1 and out.tokens.shape == (10, 4)
-    greedy = torch.compile(functools.partial(greedy_fixed, dec.eval(), max_length=3, bos=BOS, eos=EOS,
-                                             banned=BANNED), backend=counter, fullgraph=True, dynamic=False)
+    greedy = torch.compile(functools.partial(sample, dec.eval(), max_length=3, bos=BOS, eos=EOS, banned=BANNED,
+                                             greedy=True, fixed_length=True), backend=counter, fullgraph=True,
+                           dynamic=False)
     with torch.no_grad():
-        assert greedy(feats, mask).shape == (5, 4)
+        assert greedy(feats, mask).tokens.shape == (5, 4)
     assert counter.graphs == 2
 
 
-def test_a_compiled_scst_step_is_two_graphs_for_every_batch_and_leaves_padding_out() -> None:
+def test_a_compiled_scst_step_is_two_graphs_for_every_batch_and_leaves_padding_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """compile=true on a CPU (the path compile=auto takes on a GPU): the greedy baseline and the
     sampling + cross-entropy each compile once, for a full batch and a smaller one of other caption
     lengths; the rewards are asked for the real items' captions only (5 items x 2 samples)."""
-    from test_compile import _module
+    from test_compile import _module, counting_compile
 
     from captioning.data.datamodule import Batch
+    from captioning.train.scst import SelfCritical
 
     module = _module("true")
-    module.scst_cfg = ScstConfig(samples=2, max_length=4, xe_weight=0.5, entropy_weight=0.01)
+    module.scst = SelfCritical(ScstConfig(samples=2, max_length=4, xe_weight=0.5, entropy_weight=0.01), module.vocab)
     asked: list[int] = []
 
     def reward(texts, items):
         asked.append(len(texts))
         return [float(len(t)) / 10 for t in texts]
 
-    module._reward, module.compile_backend = reward, GraphCounter()
-    torch._dynamo.reset()
+    module.scst.reward = reward
+    counter = counting_compile(monkeypatch)
     g = torch.Generator().manual_seed(0)
     for rows, length in ((8, 8), (5, 6)):
         tokens = torch.randint(4, 12, (rows, length), generator=g)
         tokens[:, 0], tokens[:, -1] = BOS, EOS
         batch = Batch(torch.randn(rows, 4, 6, generator=g).half(), torch.ones(rows, 4, dtype=torch.bool), tokens,
                       torch.arange(rows))
-        out = module._scst_loss(batch)
+        out = module.scst.loss(module, batch)
         out["loss"].backward()
         assert torch.isfinite(out["loss"]) and {"reward", "baseline_reward", "entropy", "xe"} <= set(out)
-    assert module.compile_backend.graphs == 2
+    assert counter.graphs == 2
     assert asked == [8, 16, 5, 10]  # greedy then samples, per batch

@@ -1,9 +1,9 @@
 """What every caption search shares: the decoding config, the hypothesis it returns, the length
-penalty and the constraints applied to each step's log-probabilities.
+penalty, the word constraints applied to each step's log-probabilities (one place: ``mask_log_probs``)
+and the tokens never generated (``banned_tokens``).
 
-The searches themselves: greedy decoding and the entry point ``decode_batch`` in
-``captioning.models.search``, (diverse) beam search in ``captioning.models.beam``, sampling in
-``captioning.models.sampling``.
+The searches: greedy decoding and sampling in one loop (``captioning.models.sampling``), (diverse)
+beam search (``captioning.models.beam``); ``captioning.models.search.decode_batch`` picks one.
 """
 
 from __future__ import annotations
@@ -137,27 +137,27 @@ def mask_log_probs(
     history: Tensor | None,
     block_trigrams: bool,
 ) -> Tensor:
-    """Apply the constraints at step ``t`` (= words emitted so far) to ``lp [R,V]`` (in place)."""
+    """The word constraints of every search at step ``t`` (= words emitted so far), applied to
+    ``lp [R,V]`` (a new tensor: ``lp`` may be needed for backward): ``banned`` tokens never, <eos>
+    not before ``min_length`` words, only <eos> after ``max_length``, and with ``block_trigrams`` no
+    trigram of ``history [R,t]`` twice.  No host read: a compiled decoding traces it."""
+    block = torch.zeros(lp.shape[-1], dtype=torch.bool, device=lp.device)
+    if t >= max_length:  # <eos> only (none before min_length: the caption ends unfinished)
+        block = ~block
+        block[eos] = t < min_length
+        return lp.masked_fill(block, NEG_INF)
     if banned:
-        lp[:, banned] = NEG_INF
+        block[banned] = True
     if t < min_length:
-        lp[:, eos] = NEG_INF
-    if t >= max_length:
-        keep = lp[:, eos].clone()
-        lp.fill_(NEG_INF)
-        lp[:, eos] = keep
-        return lp
+        block[eos] = True
+    lp = lp.masked_fill(block, NEG_INF)
     if block_trigrams and history is not None and t >= 3:
         # (w_i, w_{i+1}) == (w_{t-2}, w_{t-1}) blocks w_{i+2}
         match = (history[:, : t - 2] == history[:, t - 2 : t - 1]) & (
             history[:, 1 : t - 1] == history[:, t - 1 : t]
         )
-        if bool(match.any()):
-            pen = torch.where(match, NEG_INF, 0.0).to(lp.dtype)
-            blocked = torch.zeros_like(lp).scatter_reduce_(
-                1, history[:, 2:t], pen, reduce="amin", include_self=True
-            )
-            lp = lp + blocked
+        pen = torch.where(match, NEG_INF, 0.0).to(lp.dtype)
+        lp = lp + torch.zeros_like(lp).scatter_reduce_(1, history[:, 2:t], pen, reduce="amin", include_self=True)
     return lp
 
 

@@ -1,8 +1,18 @@
-"""Sampling captions from a decoder's word distributions (temperature, top-k, top-p).
+"""Left-to-right decoding, one row per caption: greedy (arg-max) or sampled, in one loop.
 
-Used by ``decode_batch`` (``strategy=sample``: several captions per item, the most likely first)
-and by self-critical training (``captioning.train.scst``), which backpropagates through the
-sampled tokens' log-probabilities.  The decoder protocol is ``captioning.models.search``'s.
+``sample`` is greedy decoding (``greedy=True``), sampling from the model's word distributions
+(temperature, top-k, top-p; several captions per item) and self-critical training's draws alike,
+under the same word constraints as beam search (``captioning.models.decoding.mask_log_probs``:
+banned tokens never, <eos> not before ``min_length`` words, only <eos> after ``max_length``).
+It runs with or without grad: SCST backpropagates through the drawn tokens' log-probabilities.
+
+A draw is the Gumbel-max trick, ``argmax_w (q_w + g_w)`` with ``g_w = -log(-log u_w)`` and ``u_w ~
+U(0,1)`` i.i.d., which is distributed exactly as ``softmax(q)`` (Gumbel 1954; the identity behind
+Gumbel-softmax, Jang et al. 2017): elementwise random numbers and an argmax, which ``torch.compile``
+traces, where ``torch.multinomial`` breaks the graph.  ``fixed_length=True`` runs every row all
+``max_length + 1`` steps, a row that has ended emitting <eos> with log-probability 0: one shape and
+no host read, so a compiled SCST step captures it whole; otherwise the loop stops once every row has
+ended (one host read per step).
 """
 
 from __future__ import annotations
@@ -13,20 +23,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captioning.models.decoding import NEG_INF, Hypothesis
+from captioning.models.decoding import NEG_INF, Hypothesis, mask_log_probs
 
-__all__ = ["SampleBatch", "filter_log_probs", "sample"]
+__all__ = ["SampleBatch", "filter_log_probs", "gumbel_argmax", "sample"]
 
 
 @dataclass
 class SampleBatch:
-    """``n`` sampled captions per item; rows are item-major (row ``i*n + j`` = sample j of item i).
+    """``n`` captions per item; rows are item-major (row ``i*n + j`` = caption j of item i).
 
-    ``tokens [R,T]`` (words then <eos>, padded with <eos>'s id after the end), ``log_probs [R,T]``
-    (log-probability of each sampled token under the distribution it was drawn from; 0 after the
-    end; differentiable when sampled with grad), ``mask [R,T]`` (True = a real token incl. <eos>),
-    ``attention [R,T,N]`` or None, ``finished [R]`` (ended with <eos>), ``entropy [R,T]`` (of
-    each step's sampling distribution, 0 after the end; only when asked for).
+    ``tokens [R,T]`` (words then <eos>, <eos>'s id after the end), ``log_probs [R,T]`` (each token's
+    log-probability under the distribution it was chosen from; 0 after the end; differentiable when
+    drawn with grad), ``mask [R,T]`` (True = a real token incl. <eos>), ``attention [R,T,N]`` or None,
+    ``finished [R]`` (ended with <eos>), ``entropy [R,T]`` (of each step's distribution, 0 after the
+    end; only when asked for).
     """
 
     tokens: Tensor
@@ -45,7 +55,7 @@ class SampleBatch:
         return out
 
     def hypotheses(self, items: int, n: int, eos: int) -> list[list[Hypothesis]]:
-        """Per item its ``n`` samples as hypotheses, the most likely first."""
+        """Per item its ``n`` captions as hypotheses, the most likely first."""
         words = self.words(eos)
         lp = self.log_probs.detach().double().cpu()
         scores, lps = lp.sum(1).tolist(), lp.tolist()
@@ -79,68 +89,51 @@ def filter_log_probs(lp: Tensor, temperature: float = 1.0, top_k: int = 0, top_p
     return torch.log_softmax(x, dim=-1)
 
 
-def sample(
-    decoder: Any,
-    features: Tensor,
-    mask: Tensor | None,
-    *,
-    n: int,
-    max_length: int,
-    bos: int,
-    eos: int,
-    banned: list[int] | tuple[int, ...] = (),
-    min_length: int = 1,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-    entropy: bool = False,
-) -> SampleBatch:
-    """Draw ``n`` captions per item of ``features [B,N,C]`` (the item's memory is shared by its
-    rows).  Runs with or without grad: SCST backpropagates through ``log_probs``.  The same
-    constraints as beam search: ``banned`` tokens never, <eos> not before ``min_length`` words,
-    only <eos> after ``max_length`` words."""
-    b = features.shape[0]
-    device = features.device
-    state = decoder.init_state(features, mask).repeat_interleave(n)
-    rows = b * n
+def gumbel_argmax(q: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One draw per row from ``softmax(q)`` (``q [R,V]`` log-probs, -inf = never) -> ``[R]``."""
+    u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(torch.finfo(torch.float32).tiny, 1.0)
+    return (q.float() - torch.log(-torch.log(u))).argmax(-1)
+
+
+def sample(decoder: Any, features: Tensor, mask: Tensor | None, *, n: int = 1, max_length: int, bos: int,
+           eos: int, banned: list[int] | tuple[int, ...] = (), min_length: int = 1, greedy: bool = False,
+           temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, block_trigrams: bool = False,
+           generator: torch.Generator | None = None, entropy: bool = False, attention: bool = True,
+           fixed_length: bool = False) -> SampleBatch:
+    """``n`` captions per item of ``features [B,N,C]`` (an item's memory shared by its rows), each
+    word the arg-max (``greedy``) or a draw from ``filter_log_probs`` of the constrained log-probs;
+    ``block_trigrams``: no trigram twice in a caption.  A row with no word allowed (e.g.
+    ``min_length > max_length``) ends there, unfinished."""
+    state = decoder.init_state(features, mask)
+    state = state.repeat_interleave(n) if n > 1 else state
+    rows, device = features.shape[0] * n, features.device
     prev = torch.full((rows,), bos, dtype=torch.long, device=device)
     done = torch.zeros(rows, dtype=torch.bool, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     toks, lps, masks, atts, ents = [], [], [], [], []
-    ban = torch.zeros(int(decoder.vocab_size), dtype=torch.bool, device=device)
-    ban[list(banned)] = True
     for t in range(max_length + 1):
         lp, alpha, state = decoder.step(prev, state)
-        block = ban.clone()
-        if t < min_length:
-            block[eos] = True
-        if t >= max_length:
-            block = torch.ones_like(ban)
-            block[eos] = False
-        q = filter_log_probs(lp.masked_fill(block, NEG_INF), temperature, top_k, top_p)
-        tok = torch.multinomial(q.detach().exp(), 1, generator=generator).squeeze(1)
-        tok = torch.where(done, torch.full_like(tok, eos), tok)
-        live = ~done
-        toks.append(tok)
+        lp = mask_log_probs(lp, t, eos=eos, banned=list(banned), min_length=min_length, max_length=max_length,
+                            history=torch.stack(toks, 1) if block_trigrams and toks else None,
+                            block_trigrams=block_trigrams)
+        q = lp if greedy else filter_log_probs(lp, temperature, top_k, top_p)
+        tok = q.argmax(-1) if greedy else gumbel_argmax(q.detach(), generator)
         picked = q.gather(1, tok.unsqueeze(1)).squeeze(1)
+        live = ~done & ~torch.isinf(picked)  # nothing allowed: the row ends here, unfinished
+        tok = torch.where(done, torch.full_like(tok, eos), tok)
+        toks.append(tok)
         lps.append(torch.where(live, picked, torch.zeros_like(picked)))
+        masks.append(live)
         if entropy:  # -sum p log p over the tokens that can be drawn (0 log 0 = 0)
             h = -(q.exp() * q.masked_fill(torch.isinf(q), 0.0)).sum(-1)
             ents.append(torch.where(live, h, torch.zeros_like(h)))
-        masks.append(live)
-        if alpha is not None:
+        if attention and alpha is not None:
             atts.append(alpha)
         finished = finished | (live & (tok == eos))
-        done = done | (tok == eos)
+        done = done | ~live | (tok == eos)
         prev = tok
-        if bool(done.all()):
+        if not fixed_length and bool(done.all()):
             break
-    return SampleBatch(
-        tokens=torch.stack(toks, 1),
-        log_probs=torch.stack(lps, 1),
-        mask=torch.stack(masks, 1),
-        attention=torch.stack(atts, 1) if atts else None,
-        finished=finished,
-        entropy=torch.stack(ents, 1) if ents else None,
-    )
+    return SampleBatch(tokens=torch.stack(toks, 1), log_probs=torch.stack(lps, 1), mask=torch.stack(masks, 1),
+                       attention=torch.stack(atts, 1) if atts else None, finished=finished,
+                       entropy=torch.stack(ents, 1) if ents else None)

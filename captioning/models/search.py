@@ -1,4 +1,5 @@
-"""Greedy decoding, batched (diverse) beam search and sampling over any caption decoder.
+"""Caption search over any caption decoder: ``decode_batch`` picks greedy decoding, sampling or
+batched (diverse) beam search as a ``DecodeConfig`` says.
 
 They use only the decoder protocol (``captioning.models.decoders.base``):
 ``init_state(features, mask) -> state``,
@@ -7,15 +8,15 @@ They use only the decoder protocol (``captioning.models.decoders.base``):
 ``index_select(idx, within_groups=True)`` and ``select_groups(groups)``.
 
 Length convention: ``max_length`` is the maximum number of WORDS (tokens without <bos>/<eos>).
-The search runs at most ``max_length + 1`` decoder steps; at the last step only <eos> is
-allowed, so every surviving hypothesis ends properly.  If no hypothesis can finish (e.g.
+A search runs at most ``max_length + 1`` decoder steps; at the last step only <eos> is allowed,
+so every surviving hypothesis ends properly.  If no hypothesis can finish (e.g.
 ``min_length > max_length``) the best unfinished one is returned, never an empty result.
 ``min_length`` words are required before <eos>.  <bos> and <pad> are never generated.
 
 The functions do not change the decoder's train/eval mode; call ``decoder.eval()`` first.
-This module is the entry point (``decode_batch``) and greedy decoding; beam search lives in
-``captioning.models.beam``, sampling in ``captioning.models.sampling``, what they share
-(``DecodeConfig``, ``Hypothesis``, the constraints) in ``captioning.models.decoding``.
+Greedy decoding and sampling are one loop (``captioning.models.sampling.sample``), beam search is
+``captioning.models.beam``, what they share (``DecodeConfig``, ``Hypothesis``, the word
+constraints) is ``captioning.models.decoding``.
 """
 
 from __future__ import annotations
@@ -26,13 +27,7 @@ import torch
 from torch import Tensor
 
 from captioning.models.beam import beam_search, grouped_beam_search
-from captioning.models.decoding import (
-    DecodeConfig,
-    Hypothesis,
-    banned_tokens,
-    length_penalty,
-    mask_log_probs,
-)
+from captioning.models.decoding import DecodeConfig, Hypothesis, banned_tokens, length_penalty
 from captioning.models.sampling import SampleBatch, filter_log_probs, sample
 
 __all__ = [
@@ -62,55 +57,12 @@ def greedy_decode(
     min_length: int = 0,
     block_trigrams: bool = False,
 ) -> list[Hypothesis]:
-    """Arg-max decoding of a batch ``features [B,N,C]`` -> one ``Hypothesis`` per item.
-
-    ``unk``: token id to block (None = allowed).  ``score`` = ``log_prob`` = sum of log-probs.
-    """
-    b = features.shape[0]
-    device = features.device
-    banned = banned_tokens(decoder, bos, eos, unk)
-    state = decoder.init_state(features, mask)
-    prev = torch.full((b,), bos, dtype=torch.long, device=device)
-    score = torch.zeros(b, dtype=torch.float64, device=device)
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    finished = torch.zeros(b, dtype=torch.bool, device=device)
-    n_words = torch.full((b,), max_length, dtype=torch.long, device=device)
-    toks: list[Tensor] = []
-    lps: list[Tensor] = []
-    atts: list[Tensor | None] = []
-    history = torch.zeros(b, 0, dtype=torch.long, device=device)
-    for t in range(max_length + 1):
-        lp, alpha, state = decoder.step(prev, state)
-        lp = mask_log_probs(lp, t, eos=eos, banned=banned, min_length=min_length, max_length=max_length,
-                            history=history, block_trigrams=block_trigrams)
-        s, tok = lp.max(-1)
-        dead = ~done & torch.isinf(s)  # nothing allowed: stop unfinished
-        is_eos = ~done & ~dead & (tok == eos)
-        score = score + torch.where(done | dead, 0.0, s.double())
-        n_words = torch.where(is_eos | dead, torch.full_like(n_words, t), n_words)
-        finished |= is_eos
-        done = done | is_eos | dead
-        toks.append(tok)
-        lps.append(s)
-        atts.append(alpha)
-        history = torch.cat([history, tok.unsqueeze(1)], 1)
-        if bool(done.all()):
-            break
-        prev = tok
-    tok_mat = torch.stack(toks, 1).cpu()
-    lp_l = torch.stack(lps, 1).double().cpu().tolist()
-    att_mat = torch.stack(atts, 1).float().cpu() if atts[0] is not None else None  # type: ignore[arg-type]
-    n_words_l = n_words.cpu().tolist()
-    score_l = score.cpu().tolist()
-    fin_l = finished.cpu().tolist()
-    out = []
-    for i in range(b):
-        n = min(n_words_l[i], tok_mat.shape[1])
-        out.append(Hypothesis(tokens=tok_mat[i, :n].tolist(), score=score_l[i],
-                              attention=None if att_mat is None else att_mat[i, :n].clone(),
-                              log_prob=score_l[i], finished=bool(fin_l[i]),
-                              token_log_probs=lp_l[i][: n + int(fin_l[i])]))  # the words, then <eos>'s
-    return out
+    """Arg-max decoding of a batch ``features [B,N,C]`` -> one ``Hypothesis`` per item
+    (``sample(greedy=True)``).  ``unk``: token id to block (None = allowed).  ``score`` = ``log_prob``
+    = sum of log-probs."""
+    drawn = sample(decoder, features, mask, max_length=max_length, bos=bos, eos=eos, greedy=True,
+                   banned=banned_tokens(decoder, bos, eos, unk), min_length=min_length, block_trigrams=block_trigrams)
+    return [hyps[0] for hyps in drawn.hypotheses(features.shape[0], 1, eos)]
 
 
 def decode_batch(

@@ -5,9 +5,12 @@ CI, pipes), where a live bar writes one line per step.  Built from ``conf/callba
 (a ``_target_`` node) like Lightning's own callbacks; the attention images of each validation are
 ``captioning.caption.callbacks.AttentionImages`` (they draw with the caption API).
 
-``DataEpoch`` tells the training data which epoch it is serving (SCST's reference draw is seeded by
-it); ``RecordSchedule`` adds the learning-rate schedule's length, resolved when training starts, to
-the run folder's record (``captioning.train.run_folder``).  ``captioning.train.job`` adds both.
+Every bar shows the training losses of the last logging step (``CaptioningModule.progress_metrics``,
+read on the host there): a value logged with ``prog_bar=True`` would be read back from the device at
+every step (Lightning converts the progress bar's metrics after each batch).
+
+``DataEpoch`` tells the training data which epoch it is serving (the per-epoch caption draws are
+seeded by it); ``captioning.train.job`` adds it.
 """
 
 from __future__ import annotations
@@ -23,9 +26,8 @@ import torch
 from pytorch_lightning.callbacks import ProgressBar
 
 from captioning.errors import ConfigError
-from captioning.utils.io import atomic_write_json, read_json
 
-__all__ = ["DataEpoch", "LineProgress", "RecordSchedule", "progress_bar"]
+__all__ = ["DataEpoch", "LineProgress", "progress_bar"]
 
 log = logging.getLogger("captioning.progress")
 
@@ -41,11 +43,21 @@ def progress_bar(bar: str = "rich", every_percent: float = 10.0, stream: Any = N
     if getattr(stream, "isatty", lambda: False)():
         from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 
-        return RichProgressBar() if bar == "rich" else TQDMProgressBar()
+        base = RichProgressBar if bar == "rich" else TQDMProgressBar
+        return type(base.__name__, (LoggedLosses, base), {})()
     return LineProgress(every_percent)
 
 
-class LineProgress(ProgressBar):
+class LoggedLosses:
+    """A progress bar mixin: the metrics Lightning gives a bar, and the training losses of the last
+    logging step (``progress_metrics`` of the module)."""
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)  # type: ignore[misc]
+        return {**metrics, **getattr(pl_module, "progress_metrics", {})}
+
+
+class LineProgress(LoggedLosses, ProgressBar):
     """Progress as log lines: one each time another ``every_percent`` of the training epoch is done
     (and at its last batch), one per validation with its scores.  An epoch of unknown length
     gets its line at the end only."""
@@ -113,22 +125,6 @@ class DataEpoch(pl.Callback):
         set_epoch = getattr(getattr(trainer.train_dataloader, "dataset", None), "set_epoch", None)
         if callable(set_epoch):
             set_epoch(trainer.current_epoch)
-
-
-class RecordSchedule(pl.Callback):
-    """When training starts (rank zero): the schedule's length the module resolved
-    (``run_record["schedule_steps"]``) into the run folder's record ``record_path``."""
-
-    def __init__(self, record_path: Any) -> None:
-        self.record_path = record_path
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        steps = (getattr(pl_module, "run_record", None) or {}).get("schedule_steps")
-        if not trainer.is_global_zero or steps is None:
-            return
-        record = read_json(self.record_path, "run record")
-        record["run"]["schedule_steps"] = steps
-        atomic_write_json(self.record_path, record)
 
 
 def _clock(seconds: float) -> str:

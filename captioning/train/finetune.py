@@ -49,7 +49,7 @@ from captioning.features.featurize import encoder_config, rebuild_backbone, stor
 from captioning.models.search import DecodeConfig
 from captioning.train.module import CaptioningModule
 from captioning.train.settings import ModuleSettings
-from captioning.train.stage import stage_of, without_flags
+from captioning.train.stage import stage_named
 
 log = logging.getLogger("captioning.train.finetune")
 
@@ -110,24 +110,6 @@ def unfreeze_last(backbone: Backbone, blocks: int) -> list[str]:
     return [n for n, _ in found[-blocks:]]
 
 
-def extend_schedule(scheduler: Any, optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Give the optimizer's last parameter group (just added, base rate ``lr``) the schedule of the
-    first: LambdaLR's factor, StepLR's decays, ReduceLROnPlateau's reductions."""
-    group = optimizer.param_groups[-1]
-    group["initial_lr"] = lr
-    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        scheduler.min_lrs.append(scheduler.min_lrs[0])
-    else:
-        scheduler.base_lrs.append(lr)
-        if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
-            scheduler.lr_lambdas.append(scheduler.lr_lambdas[0])
-            group["lr"] = lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
-        elif not isinstance(scheduler, torch.optim.lr_scheduler.StepLR):  # StepLR scales the group's own lr
-            raise ConfigError(f"finetune: the {type(scheduler).__name__} schedule cannot take the encoder's "
-                              f"parameter group; use optim.scheduler=none|cosine|step|plateau")
-    scheduler._last_lr = [float(g["lr"]) for g in optimizer.param_groups]
-
-
 # ------------------------------------------------------------------------------------ model
 
 
@@ -160,7 +142,7 @@ class FinetuneModule(CaptioningModule):
     @classmethod
     def from_hparams(cls, config: Mapping[str, Any], vocab: dict, feature_meta: dict, **extra: Any) -> FinetuneModule:
         """As ``CaptioningModule.from_hparams``, with the checkpoint's ``finetune`` settings."""
-        finetune = FinetuneConfig(**without_flags(config.get("finetune")))
+        finetune = FinetuneConfig(**(config.get("finetune") or {}))
         return cls(ModuleSettings.from_config(config), vocab, feature_meta, config, finetune=finetune,
                    source=f"features_dir={config.get('features_dir')}", **extra)
 
@@ -172,7 +154,7 @@ class FinetuneModule(CaptioningModule):
     def _features(self, batch: ImageBatch) -> Batch:
         feats = self.encode(batch.pixels)
         mask = torch.ones(feats.shape[:2], dtype=torch.bool, device=feats.device)
-        return Batch(feats, mask, batch.tokens, batch.index)
+        return Batch(feats, mask, batch.tokens, batch.index, batch.lengths, full=True)
 
     def training_step(self, batch: ImageBatch, batch_idx: int):
         return super().training_step(self._features(batch), batch_idx)
@@ -191,24 +173,13 @@ class FinetuneModule(CaptioningModule):
             state_dict = {**own, **state_dict}
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
-    def configure_optimizers(self):
-        """The parent's optimizer and schedule over the decoder, plus one parameter group for the
-        encoder's trainable stages at ``finetune.encoder_lr``, on the same schedule."""
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The decoder's group at ``optim.lr`` and the encoder's trained stages at
+        ``finetune.encoder_lr``, on the same schedule; the frozen stages are in no group."""
         tuned = [p for p in self.encoder.parameters() if p.requires_grad]
-        for p in tuned:
-            p.requires_grad_(False)
-        try:
-            out = super().configure_optimizers()  # the trainable parameters it sees: the decoder's
-        finally:
-            for p in tuned:
-                p.requires_grad_(True)
-        optimizer = out if isinstance(out, torch.optim.Optimizer) else out["optimizer"]
-        optimizer.add_param_group({"params": tuned, "lr": self.finetune_cfg.encoder_lr})
-        if not isinstance(out, torch.optim.Optimizer):
-            extend_schedule(out["lr_scheduler"]["scheduler"], optimizer, self.finetune_cfg.encoder_lr)
         log.info("fine-tuning encoder stages %s (%d tensors) at lr %g", self.trained_stages, len(tuned),
                  self.finetune_cfg.encoder_lr)
-        return out
+        return [*super().parameter_groups(), {"params": tuned, "lr": self.finetune_cfg.encoder_lr}]
 
 
 # ------------------------------------------------------------------------------------- data
@@ -217,16 +188,18 @@ class FinetuneModule(CaptioningModule):
 @dataclass
 class ImageBatch:
     """pixels: uint8 [B, 3, S, S] (resized and cropped, not normalised); tokens: [B, T+2] long
-    sorted longest first, or None at evaluation; index: [B] the items' indices in the split."""
+    sorted longest first, or None at evaluation; index: [B] the items' indices in the split;
+    lengths: [B] each caption's real steps, on the host."""
 
     pixels: torch.Tensor
     tokens: torch.Tensor | None
     index: torch.Tensor
+    lengths: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, **kwargs: Any) -> ImageBatch:
         return ImageBatch(self.pixels.to(device, non_blocking=True),
                           None if self.tokens is None else self.tokens.to(device, non_blocking=True),
-                          self.index.to(device, non_blocking=True))
+                          self.index.to(device, non_blocking=True), self.lengths)
 
 
 class ImageCaptions(Dataset):
@@ -268,7 +241,7 @@ def collate_images(samples: list[tuple[torch.Tensor, torch.Tensor | None, int]],
     tokens = torch.full((len(samples), max(len(s[1]) for s in samples)), pad, dtype=torch.long)  # type: ignore[arg-type]
     for b, s in enumerate(samples):
         tokens[b, : len(s[1])] = s[1]  # type: ignore[arg-type]
-    return ImageBatch(pixels, tokens, index)
+    return ImageBatch(pixels, tokens, index, torch.tensor([len(s[1]) - 1 for s in samples]))  # type: ignore[arg-type]
 
 
 class ImageCaptionDataModule(CaptionDataModule):
@@ -319,7 +292,7 @@ def finetune_data(cfg: Any, splits: dict, store: Any, vocab: Vocabulary) -> tupl
     dm = ImageCaptionDataModule(
         splits, store, vocab, media_dir=cfg.data.media_dir, preprocessing=stored_preprocessing(store.meta),
         max_length=cfg.data.max_length, batch_size=cfg.data.batch_size, eval_batch_size=cfg.eval_batch_size,
-        num_workers=cfg.data.num_workers, seed=cfg.seed,
+        num_workers=cfg.data.num_workers, batching="caption", seed=cfg.seed,  # raw images: one per caption
     )
     return dm, meta
 
@@ -327,4 +300,4 @@ def finetune_data(cfg: Any, splits: dict, store: Any, vocab: Vocabulary) -> tupl
 def captioner_class(config: Mapping[str, Any]) -> type[CaptioningModule]:
     """The LightningModule class of a checkpoint's ``config``: ``FinetuneModule`` when it was trained
     end to end (its encoder weights are in the checkpoint), else ``CaptioningModule``."""
-    return FinetuneModule if stage_of(config).from_images else CaptioningModule
+    return FinetuneModule if stage_named(config.get("stage", "xe")).from_images else CaptioningModule

@@ -60,6 +60,8 @@ CONTINUATION_KEYS: dict[str, Rule] = {
     "trainer.enable_progress_bar": Rule(CONTINUES, "what is printed"),
     "trainer.log_every_n_steps": Rule(CONTINUES, "how often metrics are logged"),
     "trainer.default_root_dir": Rule(CONTINUES, "Lightning's fallback folder (the run folder is output_dir)"),
+    "data.cache": Rule(CONTINUES, "where the training features are read from (the device or the store): the same "
+                                  "batches in the same order"),
     "data.num_workers": Rule(CONTINUES, "loader processes: the same batches in the same order, the training's random "
                              "stream drawn alike (SCST's reference draw: seeded by seed, epoch and item)"),
     "eval_batch_size": Rule(CONTINUES, "validation decoding batch: the same captions"),

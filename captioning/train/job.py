@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from captioning.errors import CaptioningError, CheckpointError, ConfigError
 from captioning.models.search import DecodeConfig
 from captioning.provenance import provenance
 from captioning.store.layout import store_id
-from captioning.train.callbacks import DataEpoch, RecordSchedule
+from captioning.train.callbacks import DataEpoch
 from captioning.train.checkpoint import (
     AtomicCheckpointIO,
     check_compatible,
@@ -43,7 +44,6 @@ from captioning.train.module import CaptioningModule, config_dict
 from captioning.train.optim import OptimConfig
 from captioning.train.relaunch import as_single_run
 from captioning.train.run_folder import (
-    RECORD_NAME,
     decide_resume,
     hold_run_folder,
     read_record,
@@ -180,8 +180,9 @@ def train(cfg: TrainConfig) -> dict:
     The run folder is checked first: its record (``run.json``) or ``last.ckpt`` of another run
     (another fingerprint) is refused before anything in the folder is written
     (``run_folder.decide_resume``), and so is a folder another process is training
-    (``run_folder.hold_run_folder``).  The run's record is written once its data are read and
-    checked, before the first step: a config whose data are refused leaves no record.
+    (``run_folder.hold_run_folder``).  The run's record, with the schedule's length resolved, is
+    written once its data are read and checked, before the first step: a config whose data are
+    refused leaves no record.  A resumed run's checkpoint is read once here (and once by Lightning).
     """
     settings = ModuleSettings.of(cfg)  # a bad model, stage or scst config stops here, before any data is read
     stage = settings.stage
@@ -191,7 +192,8 @@ def train(cfg: TrainConfig) -> dict:
     ckpt = out / "checkpoints" / "last.ckpt"
     rank = rank_zero_only.rank
     with hold_run_folder(out, rank):  # one process per run folder
-        resume_from = str(ckpt) if resume_decision(cfg.resume, ckpt, config, processes) else None
+        saved = read_resumable(ckpt)
+        saved = saved if decide_resume(cfg.resume, ckpt, config, saved, read_record(out), processes) else None
         run = run_entry(config, processes)
         with run_record(out, cfg):
             pl.seed_everything(cfg.seed, workers=True)
@@ -204,23 +206,29 @@ def train(cfg: TrainConfig) -> dict:
                 dm = CaptionDataModule(
                     table, store, vocab, max_length=cfg.data.max_length, batch_size=cfg.data.batch_size,
                     eval_batch_size=cfg.eval_batch_size, num_workers=cfg.data.num_workers, per_item=stage.per_item,
+                    batching=cfg.data.batching, captions_per_image=cfg.data.captions_per_image, cache=cfg.data.cache,
                     seed=cfg.seed,
                 )
             if rank == 0:  # temp files of checkpoint writes a killed run left behind
                 for stale in ckpt.parent.glob(".*.tmp"):
                     stale.unlink(missing_ok=True)
-            resume_step = check_resumable(resume_from, vocab.to_dict(), meta)
+            if saved is not None:
+                check_compatible(saved["hyper_parameters"], vocab.to_dict(), meta, ckpt)
+                log.info("resuming from %s (step %d)", ckpt, saved["global_step"])
+            steps = schedule_length(cfg, dm.train_batches(processes), saved)
+            run = {**run, **({"schedule_steps": steps} if steps is not None else {})}
             if rank == 0:  # the data checked: from here on the folder says which run it holds
                 write_record(out, config, run)
-            model = new_module(cfg, settings, config, vocab.to_dict(), meta, initial_weights=not resume_from)
+            settings = settings.resolved(steps)
+            model = new_module(cfg, settings, config, vocab.to_dict(), meta, initial_weights=saved is None)
             parent = None
-            if cfg.init_from and not resume_from:  # e.g. XE -> SCST: a new run from a finished one's weights
+            if cfg.init_from and saved is None:  # e.g. XE -> SCST: a new run from a finished one's weights
                 parent = init_weights(model, cfg.init_from, inputs)
             model.run_record = {**run, "provenance": provenance(store=store_id(store.meta), run=run["fingerprint"]),
                                 **({"parent": parent} if parent else {})}
-            trainer = build_trainer(cfg, out, resume_step)
+            trainer = build_trainer(cfg, out, saved["global_step"] if saved else None)
             with as_single_run():  # DDP ranks > 0 of a sweep job: started as this job alone
-                trainer.fit(model, datamodule=dm, ckpt_path=resume_from)
+                trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt) if saved else None)
             return write_summary(trainer, out, ckpt, vocab, dm, model.run_record)
 
 
@@ -235,36 +243,55 @@ def new_module(cfg: TrainConfig, settings: ModuleSettings, config: dict, vocab: 
     return CaptioningModule(settings, vocab, meta, config)
 
 
-def resume_decision(policy: str, ckpt: Path, config: dict, processes: int | None = None) -> bool:
-    """Whether this run resumes ``ckpt``; refuses (one line) a folder whose record or checkpoint
-    holds another run."""
-    saved = None
-    if ckpt.is_file():
-        try:
-            state = load_checkpoint(ckpt)
-        except CheckpointError as e:
-            raise CheckpointError(f"cannot resume: {e}. To start this run afresh, move {ckpt} away") from None
-        saved = {"config": state["hyper_parameters"]["config"], "run": state.get("run")}
-        del state
-    return decide_resume(policy, ckpt, config, saved, read_record(ckpt.parent.parent), processes)
-
-
-def check_resumable(resume_from: str | None, vocab: dict, meta: dict) -> int | None:
-    """The step ``resume_from`` was saved at, after checking its vocabulary and features."""
-    if not resume_from:
+def read_resumable(ckpt: Path) -> dict | None:
+    """What resuming needs of a run folder's ``last.ckpt`` (None when there is none), read once:
+    its config and run entry, its hyper-parameters (vocabulary, feature meta) and its step; an
+    unreadable one is refused in one line."""
+    if not ckpt.is_file():
         return None
-    state = load_checkpoint(resume_from)
-    check_compatible(state["hyper_parameters"], vocab, meta, resume_from)
-    step = int(state.get("global_step", 0))
-    log.info("resuming from %s (step %d)", resume_from, step)
-    return step
+    try:
+        state = load_checkpoint(ckpt)
+    except CheckpointError as e:
+        raise CheckpointError(f"cannot resume: {e}. To start this run afresh, move {ckpt} away") from None
+    hparams = state["hyper_parameters"]
+    return {"config": hparams["config"], "run": state.get("run"), "hyper_parameters": hparams,
+            "global_step": int(state.get("global_step", 0))}
+
+
+def schedule_length(cfg: TrainConfig, batches: int, saved: Mapping[str, Any] | None) -> int | None:
+    """The cosine schedule's length in optimizer steps, resolved once before the run starts:
+    ``optim.schedule_steps``, else the one a resumed run resolved when it started (its checkpoint's
+    run entry), else the budget's, counted as Lightning's ``estimated_stepping_batches`` counts it
+    (``batches`` per epoch on each process, limited, accumulated, times the epochs, capped by
+    ``max_steps``).  The other schedules have none."""
+    optim, t = cfg.optim, cfg.trainer
+    if optim.scheduler != "cosine":
+        return optim.schedule_steps
+    if optim.schedule_steps is not None:
+        return int(optim.schedule_steps)
+    if saved is not None and (saved.get("run") or {}).get("schedule_steps"):
+        return int(saved["run"]["schedule_steps"])
+    epochs, limit = t.max_epochs, t.limit_train_batches
+    if t.fast_dev_run:
+        batches, epochs = min(batches, int(t.fast_dev_run)), 1  # fast_dev_run=true: 1 batch
+    elif isinstance(limit, int) and not isinstance(limit, bool):
+        batches = min(batches, limit)
+    elif isinstance(limit, float):
+        batches = int(batches * limit)
+    if epochs is None or epochs < 0:
+        if t.max_steps < 0:
+            raise ConfigError("optim.scheduler=cosine with trainer.max_epochs=-1 and no trainer.max_steps: set "
+                              "optim.schedule_steps=<steps> (or trainer.max_steps)")
+        return int(t.max_steps)
+    steps = math.ceil(batches / t.accumulate_grad_batches) * max(epochs, 1)
+    return max(1, min(steps, t.max_steps) if t.max_steps != -1 else steps)
 
 
 def build_trainer(cfg: TrainConfig, out: Path, resume_step: int | None) -> pl.Trainer:
     """The Lightning Trainer with the configured loggers and callbacks (and the job's own: the
-    epoch to the data, the schedule's length to the run's record), atomic checkpoint writes."""
+    epoch to the data), atomic checkpoint writes."""
     loggers = build_loggers(cfg, resume_step)
-    callbacks = [*build_callbacks(cfg, loggers), DataEpoch(), RecordSchedule(out / RECORD_NAME)]
+    callbacks = [*build_callbacks(cfg, loggers), DataEpoch()]
     return pl.Trainer(**cfg.trainer.kwargs(
         callbacks=callbacks, logger=loggers or False, default_root_dir=str(out), plugins=[AtomicCheckpointIO()],
         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),  # none: no checkpoints

@@ -1,8 +1,20 @@
-"""The LightningModule: teacher-forced training, free-running validation with corpus metrics.
+"""The LightningModule: one training step of a caption decoder, free-running validation.
 
-Validation decodes captions (greedy or beam, never teacher-forced), gathers the
-predictions of every rank, drops the duplicates a DistributedSampler pads with, and
-scores the whole split once, so BLEU-4/CIDEr-D under DDP equal a single-process run.
+A cross-entropy step (``training_step`` then ``optimizer_step``):
+
+    loss = decoder.compute_loss(features, mask, tokens)      teacher forcing (compiled on a GPU)
+    loss.backward()                                          Lightning's closure
+    update(optimizer)                                        clip, skip if not finite, AdamW (optim.py)
+
+and nothing in it reads a device value back to the host: the caption lengths come from the loader,
+a non-finite loss is caught on the device (the fused optimizer skips the update), and the values
+logged stay on the device until a logging step (``trainer.log_every_n_steps``) reads them, with
+the counts of skipped steps, in one transfer (``on_train_batch_end``).  Self-critical training's
+step is ``captioning.train.scst.SelfCritical``.
+
+Validation decodes captions (greedy or beam, never teacher-forced), gathers the predictions of
+every rank, drops the duplicates a DistributedSampler pads with, and scores the whole split once,
+so BLEU-4/CIDEr-D under DDP equal a single-process run.
 """
 
 from __future__ import annotations
@@ -20,22 +32,13 @@ import torch.distributed as dist
 from captioning.data.vocab import Vocabulary
 from captioning.errors import CaptioningError
 from captioning.metrics import compute_metrics
-from captioning.metrics.cider import CiderD
 from captioning.models.decoders import CaptionDecoder, build_decoder
 from captioning.models.positions import layout_from_meta
-from captioning.models.search import (
-    DecodeConfig,
-    Hypothesis,
-    SampleBatch,
-    decode_batch,
-    greedy_decode,
-    sample,
-)
-from captioning.train.compiled import compile_mode, fixed_shapes
-from captioning.train.optim import configure_optimization
+from captioning.models.search import DecodeConfig, Hypothesis, decode_batch
+from captioning.train.compiled import compile_mode, compiled, fixed_shapes
+from captioning.train.optim import NonFiniteSteps, apply_update, configure_optimization
 from captioning.train.rng_state import capture_rng, restore_rng
-from captioning.train.scst import leave_one_out_baseline, scst_surrogate
-from captioning.train.scst_sampling import greedy_fixed, greedy_words, policy
+from captioning.train.scst import SelfCritical
 from captioning.train.settings import ModuleSettings
 
 log = logging.getLogger(__name__)
@@ -43,14 +46,6 @@ log = logging.getLogger(__name__)
 
 class NonFiniteLossError(CaptioningError):
     """Raised with ``nonfinite=stop`` when a batch gives a NaN/inf loss."""
-
-
-def decode(
-    decoder: CaptionDecoder, features: torch.Tensor, mask: torch.Tensor, cfg: DecodeConfig, vocab: Vocabulary
-) -> list[Hypothesis]:
-    """Best hypothesis per item: greedy when ``beam_size == 1``, else batched beam search."""
-    nbest = decode_batch(decoder, features, mask, cfg, vocab.bos, vocab.eos, vocab.unk)
-    return [hyps[0] for hyps in nbest]
 
 
 def gather_objects(obj: Any) -> list[Any]:
@@ -76,32 +71,24 @@ class CaptioningModule(pl.LightningModule):
         self.save_hyperparameters({"config": dict(config), "vocab": vocab, "feature_meta": feature_meta})
         self.settings = settings
         self.vocab = Vocabulary.from_dict(vocab)
-        self.optim_cfg = settings.optim
-        self.run_record: dict | None = None  # fingerprint + provenance, saved in every checkpoint
-        self.stage = settings.stage
-        self.scst_cfg = settings.scst
-        self._reward: Any = None  # stage=scst: CIDEr-D against the training references
         self.decoder: CaptionDecoder = build_decoder(
             settings.model, len(self.vocab), int(feature_meta["dim"]), layout_from_meta(feature_meta),
             pad_id=self.vocab.pad,
         )
-        # compile (auto | true | false): the fixed-shape loss under torch.compile, CUDA graphs on a
-        # GPU; every batch padded to one shape so that one graph serves the whole run (fixed_shapes)
-        self.compile_setting = settings.compile
-        if self.compile_setting == "true" and not self.decoder.compilable:
+        if settings.compile == "true" and not self.decoder.compilable:
             raise CaptioningError(
                 f"compile=true: model {type(self.decoder).run_tag(self.decoder.cfg)} cannot be compiled whole "
                 f"(hard attention samples on the host, the BiLSTM encoder packs its sequences); train it with "
                 f"compile=false or compile=auto"
             )
-        self._shape = (settings.batch_size, settings.max_length + 2)  # rows, tokens
+        self.run_record: dict | None = None  # fingerprint + provenance, saved in every checkpoint
+        self.scst = SelfCritical(settings.scst, self.vocab) if settings.stage.loss == "scst" else None
+        self.nonfinite = NonFiniteSteps()  # the updates' verdicts, read at logging steps
+        self.progress_metrics: dict[str, float] = {}  # the last logging step's values, for progress bars
         self._compiled_loss: Any = None
-        self._compiled_greedy: Any = None  # stage=scst, compiled: captioning.train.scst_sampling
-        self._compiled_policy: Any = None
+        self._finite: torch.Tensor | None = None  # this update's losses were all finite (device)
+        self._last: tuple = ()  # the last batch's loss, epoch, batch, global step, items
         self._val_outputs: list[tuple[int, str]] = []
-        self._skip_step = False
-        self._schedule_steps: int | None = None  # the cosine schedule's length, once resolved
-        self.last_val_predictions: dict[int, str] = {}
 
     @classmethod
     def from_hparams(cls, config: Mapping[str, Any], vocab: dict, feature_meta: dict, **extra: Any) -> CaptioningModule:
@@ -109,165 +96,96 @@ class CaptioningModule(pl.LightningModule):
         return cls(ModuleSettings.from_config(config), vocab, feature_meta, config, **extra)
 
     # ------------------------------------------------------------------ training
-    #: torch.compile's backend (tests count compilations with a cheap one)
-    compile_backend: Any = "inductor"
 
     def compile_mode(self) -> str | None:
-        """How the training loss runs on this module's device: None (eager) or torch.compile's mode
-        (``compile_mode`` of this module)."""
-        return compile_mode(self.compile_setting, self.device, self.decoder.compilable)
+        """None (eager) or torch.compile's mode for this module's device (``compiled.compile_mode``)."""
+        return compile_mode(self.settings.compile, self.device, self.decoder.compilable)
 
-    def compiled(self, fn: Any) -> Any:
-        """``fn`` under ``torch.compile`` (one graph, static shapes; CUDA graphs on a GPU)."""
-        options: dict[str, Any] = {"backend": self.compile_backend}
-        if self.compile_backend == "inductor":
-            options["mode"] = self.compile_mode()
-        return torch.compile(fn, fullgraph=True, dynamic=False, **options)
-
-    def _loss(self, features: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-        smoothing = self.optim_cfg.label_smoothing
-        if self.compile_mode() is None:
-            return self.decoder.compute_loss(features, mask, tokens, label_smoothing=smoothing)
+    def xe_loss(self, batch) -> dict[str, torch.Tensor]:
+        """Teacher-forced loss of a batch: eager with the loader's caption lengths, or compiled at the
+        run's one batch shape (``fixed_shapes``: one graph, CUDA graphs on a GPU)."""
+        smoothing, mask = self.settings.optim.label_smoothing, None if batch.full else batch.mask
+        mode = self.compile_mode()
+        if mode is None:
+            return self.decoder.compute_loss(batch.features, mask, batch.tokens, smoothing,
+                                             lengths=batch.host_lengths())
         if self._compiled_loss is None:
-            self._compiled_loss = self.compiled(functools.partial(self.decoder.compute_loss, static=True))
-        features, mask, tokens = fixed_shapes(features, mask, tokens, *self._shape, pad=self.vocab.pad)
+            self._compiled_loss = compiled(functools.partial(self.decoder.compute_loss, static=True), mode)
+        features, mask, tokens = fixed_shapes(batch.features, batch.mask, batch.tokens, *self.batch_shape(),
+                                              self.settings.max_length + 2, pad=self.vocab.pad)
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # this step's graph outputs are new tensors
-        return self._compiled_loss(features, mask, tokens, label_smoothing=smoothing)
+        return self._compiled_loss(features, mask, tokens, smoothing)
 
-    def on_fit_start(self) -> None:
-        if self.stage.loss == "scst":  # the rewards' document frequencies, once
-            refs = self.trainer.datamodule.items["train"].references
-            self._reward = CiderD([[r.split() for r in item] for item in refs])  # df once
-
-    def _scst_loss(self, batch) -> dict[str, torch.Tensor]:
-        """Self-critical loss of a batch of items (``captioning.train.scst``).  Compiled
-        (``compile_mode``): the greedy baseline, then the sampling with the cross-entropy term, each
-        one graph at fixed shapes (``captioning.train.scst_sampling``), the rewards read on the host
-        in between; a padded batch's empty rows are left out of the loss."""
-        cfg, v = self.scst_cfg, self.vocab
-        items = batch.index.tolist()
-        feats, mask, tokens = batch.features.float(), batch.mask, batch.tokens
-        compiled = self.compile_mode() is not None
-        if compiled:
-            feats, mask, tokens = fixed_shapes(feats, mask, tokens, *self._shape, pad=v.pad)
-            if self.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()  # this step's graph outputs are new tensors
-        base = None
-        if cfg.baseline == "greedy":  # Rennie et al.: the reward of test-time inference
-            base = self._rewards(self._greedy_words(feats, mask, compiled)[: len(items)], items)
-            base = base.repeat_interleave(cfg.samples)
-        drawn, xe = self._draw(feats, mask, tokens, compiled)
-        real = len(items) * cfg.samples  # the rows of the batch's items
-        rewards = self._rewards(drawn.words(v.eos)[:real], [i for i in items for _ in range(cfg.samples)])
-        if base is None:  # Luo 2020: the mean reward of the item's other samples
-            base = leave_one_out_baseline(rewards.view(-1, cfg.samples)).reshape(-1)
-        sampled = drawn.mask[:real]
-        loss = scst_surrogate(drawn.log_probs[:real], sampled, rewards - base)
-        out = {"reward": rewards.mean(), "baseline_reward": base.mean(), "scst": loss.detach()}
-        if cfg.entropy_weight > 0 and drawn.entropy is not None:
-            entropy = drawn.entropy[:real].sum() / sampled.sum().clamp_min(1)
-            loss = loss - cfg.entropy_weight * entropy
-            out["entropy"] = entropy.detach()
-        if xe is not None:
-            loss = loss + cfg.xe_weight * xe
-            out["xe"] = xe.detach()
-        out["loss"] = loss
-        return out
-
-    def _rewards(self, words: list[list[int]], items: list[int]) -> torch.Tensor:
-        """CIDEr-D of each caption (token ids) against its item's training references."""
-        texts = [self.vocab.decode(w) for w in words]
-        return torch.as_tensor(self._reward(texts, items), dtype=torch.float32, device=self.device)
-
-    def _banned(self) -> list[int]:
-        v = self.vocab
-        return sorted({v.pad, v.bos, v.unk} - {v.eos})
-
-    def _greedy_words(self, feats: torch.Tensor, mask: torch.Tensor, compiled: bool) -> list[list[int]]:
-        """The greedy caption of every row (eval mode, no grad)."""
-        cfg, v = self.scst_cfg, self.vocab
-        self.decoder.eval()
-        with torch.no_grad():
-            if compiled:
-                if self._compiled_greedy is None:
-                    self._compiled_greedy = self.compiled(functools.partial(
-                        greedy_fixed, self.decoder, max_length=cfg.max_length, bos=v.bos, eos=v.eos,
-                        banned=self._banned()))
-                words = greedy_words(self._compiled_greedy(feats, mask), v.eos)
-            else:
-                words = [h.tokens for h in greedy_decode(self.decoder, feats, mask, cfg.max_length, v.bos, v.eos,
-                                                         unk=v.unk)]
-        self.decoder.train()
-        return words
-
-    def _draw(self, feats: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, compiled: bool
-              ) -> tuple[SampleBatch, torch.Tensor | None]:
-        """``scst.samples`` captions per row and, with ``scst.xe_weight``, the cross-entropy of the
-        rows' reference captions."""
-        cfg, v = self.scst_cfg, self.vocab
-        smoothing = self.optim_cfg.label_smoothing
-        options = dict(n=cfg.samples, max_length=cfg.max_length, bos=v.bos, eos=v.eos, banned=self._banned(),
-                       temperature=cfg.temperature, entropy=cfg.entropy_weight > 0)
-        if compiled:
-            if self._compiled_policy is None:
-                self._compiled_policy = self.compiled(functools.partial(
-                    policy, self.decoder, xe=cfg.xe_weight > 0, label_smoothing=smoothing, **options))
-            return self._compiled_policy(feats, mask, tokens)
-        drawn = sample(self.decoder, feats, mask, **options)
-        xe = self.decoder.compute_loss(feats, mask, tokens, smoothing)["xe"] if cfg.xe_weight > 0 else None
-        return drawn, xe
+    def batch_shape(self) -> tuple[int, int]:
+        """``(items, captions)`` of a full training batch, what a compiled run pads every batch to:
+        the data module's (``CaptionDataModule.batch_shape``), else ``data.batch_size`` of each."""
+        datamodule = getattr(self._trainer, "datamodule", None)
+        if hasattr(datamodule, "batch_shape"):
+            return datamodule.batch_shape
+        return self.settings.batch_size, self.settings.batch_size
 
     def training_step(self, batch, batch_idx: int):
-        if self.stage.loss == "scst":
-            losses = self._scst_loss(batch)
-        else:
-            losses = self._loss(batch.features.float(), batch.mask, batch.tokens)
+        losses = self.scst.loss(self, batch) if self.scst is not None else self.xe_loss(batch)
         loss = losses["loss"]
-        finite = bool(torch.isfinite(loss).item())
-        finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
-        self._skip_step = not finite
-        if not finite:
-            where = (
-                f"non-finite loss ({loss.item()}) at epoch {self.current_epoch}, batch {batch_idx} "
-                f"(global step {self.global_step}), items {batch.index[:8].tolist()}"
-            )
-            if self.optim_cfg.nonfinite == "stop":
-                raise NonFiniteLossError(
-                    where + ": stopping (set optim.nonfinite=skip to skip such steps; the last checkpoint is kept)"
-                )
-            log.warning("%s: optimizer step skipped (optim.nonfinite=skip)", where)
-            self.log("train/skipped_steps", 1.0, on_step=True, reduce_fx="sum")
-            # A zero loss that still touches every parameter keeps DDP's gradient buckets in sync.
-            return sum((p * 0.0).sum() for p in self.parameters() if p.requires_grad)
-        bs = batch.tokens.shape[0]
+        finite = torch.isfinite(loss.detach())
+        self._finite = finite if self._finite is None else self._finite & finite  # accumulated batches too
+        self._last = (loss.detach().clone(), self.current_epoch, batch_idx, self.global_step, batch.index)
+        rows = batch.tokens.shape[0] if batch.tokens is not None else batch.index.shape[0]
         for name, value in losses.items():
             self.log(f"train/{name}", value.detach().float(), on_step=True, on_epoch=name == "loss",
-                     prog_bar=name == "loss", batch_size=bs, sync_dist=False)
+                     batch_size=rows, sync_dist=False)
         return loss
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        """The closure (``training_step``, backward), then ``optim.apply_update``: gradients clipped
+        as ``trainer.gradient_clip_val`` says and the update skipped on the device when a loss or a
+        gradient is not finite.  A GradScaler run (``precision=16-mixed``) keeps Lightning's step."""
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         if optimizer_closure is not None:
             optimizer_closure()
-        if self._skip_step:
-            optimizer.zero_grad(set_to_none=True)
-            return
-        optimizer.step()
+        finite, self._finite = self._finite, None
+        found = apply_update(optimizer.optimizer, finite, self.trainer.gradient_clip_val,
+                             self.trainer.gradient_clip_algorithm)
+        self.nonfinite.add(found, *self._last)
 
-    # ------------------------------------------------------------------ validation
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            self.report(log_count=True)
+
+    def on_train_epoch_end(self) -> None:
+        self.report()
+
+    def report(self, log_count: bool = False) -> None:
+        """A logging step: the values logged since the last one and the updates' verdicts read, a
+        warning per skipped update (``optim.nonfinite=stop``: the error), the progress bars' values."""
+        metrics = {k.split("/", 1)[1]: v for k, v in self.trainer.callback_metrics.items()
+                   if k.startswith("train/") and not k.endswith(("_epoch", "_step")) and v.numel() == 1}
+        if metrics:
+            values = torch.stack([v.detach().float().to(self.device) for v in metrics.values()]).tolist()
+            self.progress_metrics = {k: round(v, 4) for k, v in zip(metrics, values, strict=True)}
+        skipped = self.nonfinite.read()
+        if log_count and skipped:
+            self.log("train/skipped_steps", float(self.nonfinite.total))
+        for where in skipped:
+            if self.settings.optim.nonfinite == "stop":
+                raise NonFiniteLossError(where + ": stopping (set optim.nonfinite=skip to skip such steps; the last "
+                                                 "checkpoint is kept)")
+            log.warning("%s: optimizer step skipped (optim.nonfinite=skip)", where)
+
+    # ------------------------------------------------------------------ validation and decoding
+
     @torch.no_grad()
-    def generate(self, features: torch.Tensor, mask: torch.Tensor, cfg: DecodeConfig) -> list[Hypothesis]:
-        """The best hypothesis per item, decoded as ``cfg`` says."""
-        return decode(self.decoder, features.float(), mask, cfg, self.vocab)
-
-    def caption_text(self, hyp: Hypothesis) -> str:
-        return " ".join(self.vocab.decode(hyp.tokens))
+    def decode(self, features: torch.Tensor, mask: torch.Tensor | None, cfg: DecodeConfig) -> list[list[Hypothesis]]:
+        """``cfg.per_item`` hypotheses per item, best first (``models.search.decode_batch``)."""
+        return decode_batch(self.decoder, features.float(), mask, cfg, self.vocab.bos, self.vocab.eos, self.vocab.unk)
 
     def validation_step(self, batch, batch_idx: int) -> None:
         with torch.autocast(self.device.type, enabled=False):  # fp32, as the evaluation decodes by default
-            hyps = self.generate(batch.features, batch.mask, self.settings.decode)
-        for i, h in zip(batch.index.tolist(), hyps, strict=True):
-            self._val_outputs.append((i, self.caption_text(h)))
+            nbest = self.decode(batch.features, batch.mask, self.settings.decode)
+        for i, hyps in zip(batch.index.tolist(), nbest, strict=True):
+            self._val_outputs.append((i, " ".join(self.vocab.decode(hyps[0].tokens))))
 
     def on_validation_epoch_start(self) -> None:
         self._val_outputs = []
@@ -278,7 +196,6 @@ class CaptioningModule(pl.LightningModule):
             for i, text in part:
                 predictions.setdefault(i, text)  # DistributedSampler pads with repeats
         self._val_outputs = []
-        self.last_val_predictions = predictions
         if self.trainer.sanity_checking or not predictions:
             return
         refs = self.trainer.datamodule.items["val"].references
@@ -300,11 +217,8 @@ class CaptioningModule(pl.LightningModule):
         """Decode a batch as ``cfg`` says: per item its index, the best hypothesis's tokens, the
         attention that emitted each token, its score and each word's log-prob (then <eos>'s), and
         ``nbest``: every hypothesis (tokens, score), best first (beam search's n-best or the samples)."""
-        with torch.no_grad():
-            nbest = decode_batch(self.decoder, batch.features.float(), batch.mask, cfg,
-                                 self.vocab.bos, self.vocab.eos, self.vocab.unk)
         out = []
-        for i, hyps in zip(batch.index.tolist(), nbest, strict=True):
+        for i, hyps in zip(batch.index.tolist(), self.decode(batch.features, batch.mask, cfg), strict=True):
             h = hyps[0]
             tokens = self.vocab.decode(h.tokens)
             att = None if h.attention is None else h.attention[: len(tokens)].float().cpu().numpy()
@@ -313,37 +227,25 @@ class CaptioningModule(pl.LightningModule):
                         "nbest": [(self.vocab.decode(x.tokens), float(x.score)) for x in hyps]})
         return out
 
-    # ------------------------------------------------------------------ optimisation
+    # ------------------------------------------------------------------ optimisation and checkpoints
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """What the optimizer trains: the decoder at ``optim.lr`` (a subclass adds groups of its own)."""
+        return [{"params": list(self.decoder.parameters()), "lr": self.settings.optim.lr}]
+
     def configure_optimizers(self):
-        params = [p for p in self.parameters() if p.requires_grad]
-        return configure_optimization(params, self.optim_cfg, self.schedule_steps)
+        return configure_optimization(self.parameter_groups(), self.settings.optim, self.settings.schedule_steps)
 
-    def schedule_steps(self) -> int:
-        """The cosine schedule's length in optimizer steps: ``optim.schedule_steps``, else the
-        length this run resolved when it started (restored with its checkpoint), else the budget's
-        (``trainer.estimated_stepping_batches``); recorded in ``run_record`` (every checkpoint)."""
-        steps = self.optim_cfg.schedule_steps
-        steps = self._schedule_steps if steps is None else steps
-        if steps is None:
-            steps = int(self.trainer.estimated_stepping_batches)
-        if int(steps) < 1:
-            raise CaptioningError(f"optim.schedule_steps={steps}: the schedule needs at least 1 step")
-        self._schedule_steps = int(steps)
-        if self.run_record is not None:
-            self.run_record["schedule_steps"] = self._schedule_steps
-        return self._schedule_steps
+    def on_fit_start(self) -> None:
+        if self.scst is not None:  # the rewards' document frequencies, once
+            self.scst.set_references(self.trainer.datamodule.items["train"].references)
 
-    # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # the run's fingerprint and provenance (captioning.train.identity, captioning.provenance)
-        if getattr(self, "run_record", None):
+        if self.run_record:  # the run's fingerprint and provenance (captioning.train.identity, captioning.provenance)
             checkpoint["run"] = self.run_record
-        # RNG states (weights_only-safe) so a resumed run repeats an uninterrupted one
-        checkpoint["rng"] = capture_rng()
+        checkpoint["rng"] = capture_rng()  # weights_only-safe, so a resumed run repeats an uninterrupted one
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # a resumed run keeps the schedule it resolved at its start (never rebuilt over a new budget)
-        self._schedule_steps = (checkpoint.get("run") or {}).get("schedule_steps") or self._schedule_steps
         if checkpoint.get("rng"):
             restore_rng(checkpoint["rng"])
 

@@ -1,16 +1,16 @@
 """What the LightningModule reads of a training config, typed: ``ModuleSettings``.
 
-The training job builds it from its ``TrainConfig`` (``ModuleSettings.of``); a checkpoint, whose
+The training job builds it from its ``TrainConfig`` (``ModuleSettings.of``) with the schedule's
+length it resolves before the run starts; a checkpoint, whose
 hyper-parameters are plain data (``torch.load(weights_only=True)``), has it rebuilt from its
-``config`` by ``ModuleSettings.from_config``, the one place that reads a checkpoint's config
-layout, older ones included (the stage as ``scst.enabled``/``finetune.enabled`` flags, ``compile``
-as a bool).  An unknown key in a section fails there (a TypeError, which the checkpoint loader reports in one line).
+``config`` by ``ModuleSettings.from_config``.  An unknown key in a section fails there (a
+TypeError, which the checkpoint loader reports in one line).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from captioning.models.decoders import decoder_config
@@ -18,7 +18,7 @@ from captioning.models.search import DecodeConfig
 from captioning.train.compiled import compile_setting
 from captioning.train.optim import OptimConfig
 from captioning.train.scst import ScstConfig
-from captioning.train.stage import Stage, stage_named, stage_of, without_flags
+from captioning.train.stage import Stage, stage_named
 
 __all__ = ["ModuleSettings"]
 
@@ -33,25 +33,31 @@ class ModuleSettings:
     stage: Stage  # captioning.train.stage.STAGES
     scst: ScstConfig  # stage=scst's settings (validated)
     compile: str  # auto | true | false (captioning.train.compiled)
-    batch_size: int  # data.batch_size: the rows of a compiled run's one batch shape
-    max_length: int  # data.max_length: its captions' words (tokens: + <bos>, <eos>)
+    max_length: int  # data.max_length: a caption's words (tokens: + <bos>, <eos>)
+    batch_size: int  # data.batch_size: a compiled run's batch shape without a data module that knows it
+    schedule_steps: int | None = None  # the cosine schedule's length, resolved before the run starts
 
     @classmethod
     def of(cls, cfg: Any) -> ModuleSettings:
-        """From a ``TrainConfig`` (``captioning.train.job``), by attribute."""
+        """From a ``TrainConfig`` (``captioning.train.job``), by attribute; ``resolved`` adds the
+        schedule's length once the job knows the data."""
         return cls(model=decoder_config(cfg.model), optim=cfg.optim, decode=cfg.decode, stage=stage_named(cfg.stage),
-                   scst=cfg.scst.validate(), compile=compile_setting(cfg.compile), batch_size=int(cfg.data.batch_size),
-                   max_length=int(cfg.data.max_length))
+                   scst=cfg.scst.validate(), compile=compile_setting(cfg.compile), max_length=int(cfg.data.max_length),
+                   batch_size=int(cfg.data.batch_size), schedule_steps=cfg.optim.schedule_steps)
+
+    def resolved(self, schedule_steps: int | None) -> ModuleSettings:
+        """With the schedule's length the job resolved."""
+        return replace(self, schedule_steps=schedule_steps)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModuleSettings:
-        """From a checkpoint's ``hyper_parameters["config"]`` (plain dicts; any layout this code wrote)."""
-        def section(name: str) -> dict[str, Any]:  # a section an older checkpoint may lack
+        """From a checkpoint's ``hyper_parameters["config"]`` (plain dicts; sections left out take
+        their defaults)."""
+        def section(name: str) -> dict[str, Any]:
             return dict(config.get(name) or {})
 
-        data = section("data")
-        return cls(model=decoder_config(config["model"]), optim=OptimConfig(**section("optim")),
-                   decode=DecodeConfig(**section("decode")), stage=stage_of(config),
-                   scst=ScstConfig(**without_flags(section("scst"))).validate(),
-                   compile=compile_setting(config.get("compile", "auto")),  # a bool in older checkpoints
-                   batch_size=int(data.get("batch_size", 0)), max_length=int(data.get("max_length", 0)))
+        data, optim = section("data"), OptimConfig(**section("optim"))
+        return cls(model=decoder_config(config["model"]), optim=optim, decode=DecodeConfig(**section("decode")),
+                   stage=stage_named(config.get("stage", "xe")), scst=ScstConfig(**section("scst")).validate(),
+                   compile=compile_setting(config.get("compile", "auto")), max_length=int(data.get("max_length", 20)),
+                   batch_size=int(data.get("batch_size", 64)), schedule_steps=optim.schedule_steps)

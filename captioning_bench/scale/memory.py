@@ -100,7 +100,8 @@ def _loader(args: argparse.Namespace) -> tuple[DataLoader, dict[str, float]]:
     clock["table_built"] = built
     vocab = table.vocabulary(min_count=cfg.min_count)
     store = FeatureStore.open(args.store)
-    dm = CaptionDataModule(table, store, vocab, batch_size=args.batch_size, num_workers=args.workers)
+    dm = CaptionDataModule(table, store, vocab, batch_size=args.batch_size, num_workers=args.workers,
+                           batching="caption")  # one sample per caption, as the figures of docs/at_scale.md
     clock["setup_s"] = time.perf_counter() - t
     if args.world == 1:
         return dm.train_dataloader(), clock

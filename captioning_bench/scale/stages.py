@@ -203,7 +203,7 @@ class Scale(ProcessStages):
         clock["vocabulary"] = time.perf_counter() - t
         t = time.perf_counter()
         dm = CaptionDataModule(table, FeatureStore.open(self.store), vocab, batch_size=self.args.batch_size,
-                               num_workers=0)
+                               num_workers=0, batching="caption")
         clock["datamodule"] = time.perf_counter() - t
         t = time.perf_counter()
         train = CaptionTrainDataset(dm.items["train"], vocab, dm.max_length)

@@ -57,7 +57,7 @@ def write_probes(path: Path, names: Sequence[str], model: Any, items: FeatureIte
     """Run ``names`` with ``model`` (``.decoder``, ``.vocab``) on ``items``; write them to ``path``
     (a ``probes.json``); return the summaries by probe name."""
     results = run_probes(check_names(names), model.decoder, model.vocab, probe_items(items, grounding),
-                         lambda rows: items.batch(rows))
+                         lambda rows: items.batch(rows)[:2])
     summaries = {n: r.summary() for n, r in results.items()}
     atomic_write_json(path, {
         **(meta or {}), "score": "mean token log-likelihood (teacher-forced, fp32), reference vs perturbations",

@@ -327,7 +327,7 @@ def unroll(step: Any, x_steps: tuple[Tensor, ...], memory: dict[str, Tensor | No
 def _time_major(active: list[int], b: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Where the packed steps' rows come from: ``(flat [K], row [K])``, ``flat = t * B + row`` in the
     order the loop made them (step by step, the running rows of each)."""
-    real = torch.arange(b) < torch.tensor(active).unsqueeze(1)  # [T,B], on the host
+    real = torch.arange(b, device="cpu") < torch.tensor(active, device="cpu").unsqueeze(1)  # [T,B], on the host
     flat = real.flatten().nonzero().squeeze(1)
     return flat.to(device, non_blocking=True), (flat % b).to(device, non_blocking=True)
 
@@ -373,7 +373,7 @@ def losses(dec: Any, words: Tensor, steps: dict[str, list[Tensor]], sched: Sched
         reinforce = nll_sum.new_zeros(())
         if steps["logp"]:
             logp = torch.cat(steps["logp"], 0).new_zeros(b).index_add(0, row, torch.cat(steps["logp"], 0))
-            lengths = torch.tensor(sched.lengths).to(logits.device, non_blocking=True)
+            lengths = torch.tensor(sched.lengths, device="cpu").to(logits.device, non_blocking=True)
             reinforce = _reinforce(dec, logits, tgt, row, lengths, logp, n_tok)
         cfg = dec.cfg
         out["loss"] = out["loss"] + cfg.reinforce_weight * reinforce - cfg.entropy_weight * entropy
