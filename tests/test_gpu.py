@@ -345,3 +345,54 @@ def test_benchmarks_report_peak_memory_on_cuda() -> None:
     assert 0 < peaks[0] < peaks[1], peaks
     beam = run_bench("beam", f"--device cuda --batch-size 8 --beam 3 {sizes} --length 6 --single-items 2")
     assert beam[0]["name"] == "beam/batched" and beam[0]["peak_memory_mb"] > 0
+
+
+# ------------------------------------------------------------------------------ the training input path
+
+
+def _tiny_store(tmp_path):
+    import numpy as np
+
+    from captioning.data.records import CaptionRecord
+    from captioning.store.feature_store import FeatureStore
+    from captioning.store.writer import FeatureStoreWriter
+
+    meta = {"settings": {"t": 1}, "kind": "image", "positions": 6, "dim": 8, "grid": [2, 3], "dtype": "float16"}
+    caps = ["a red circle", "a blue square on the left", "red", "a circle and a square"]
+    records = [CaptionRecord(f"id{i}", i, f"{i}.jpg", tuple(caps[(i + k) % 4] for k in range(3)), "train")
+               for i in range(30)]
+    with FeatureStoreWriter(tmp_path / "store", meta, shard_size=8) as w:
+        for i in range(30):
+            w.add(f"id{i}", (np.random.default_rng(i).normal(size=(6, 8))).astype(np.float16), valid=1 + i % 6)
+    return records, FeatureStore.open(tmp_path / "store")
+
+
+@pytest.mark.parametrize("cache", ["none", "device"])
+def test_the_gpu_input_path_gives_the_cpu_loaders_batches(tmp_path, cache: str) -> None:
+    """On CUDA, batches copied ahead on a side stream (``PrefetchLoader``, ``when_ready``) or gathered
+    from the device cache equal the CPU loader's, in order, over two epochs."""
+    from captioning.data.datamodule import CaptionDataModule
+    from captioning.data.vocab import Vocabulary
+
+    records, store = _tiny_store(tmp_path)
+    vocab = Vocabulary.build([c.split() for r in records for c in r.captions])
+
+    class OnDevice:
+        def __init__(self, device):
+            self.strategy, self.current_epoch = type("S", (), {"root_device": device})(), 0
+
+    got = {}
+    for name, device, setting in (("cpu", torch.device("cpu"), "none"), ("gpu", CUDA, cache)):
+        dm = CaptionDataModule({"train": records, "val": records[:2]}, store, vocab, max_length=6, batch_size=6,
+                               num_workers=0, cache=setting, seed=1)
+        dm.trainer = OnDevice(device)
+        batches = []
+        for epoch in range(2):
+            torch.manual_seed(epoch)
+            for b in dm.train_dataloader():
+                b = dm.on_after_batch_transfer(b.to(device), 0)
+                batches.append([t.cpu() for t in (b.features, b.mask, b.tokens, b.index)])
+        got[name] = batches
+    assert len(got["gpu"]) == len(got["cpu"]) > 4
+    for a, b in zip(got["gpu"], got["cpu"], strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))

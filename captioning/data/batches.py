@@ -19,6 +19,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,7 +44,8 @@ class Batch:
     mask: ``[M,N]`` bool (True = real position); tokens: ``[R,T+2]`` long (``<bos> w_1..w_T <eos>``
     padded with ``<pad>``) or None at evaluation; index: ``[M]`` the items' indices in the split;
     lengths: ``[R]`` real steps per caption (words + <eos>) on the HOST; full: every position of
-    every item is real (known on the host, so the model needs no mask).
+    every item is real (known on the host, so the model needs no mask); ready: the CUDA event after
+    which a batch copied on a side stream may be read (``PrefetchLoader``), else None.
     """
 
     features: torch.Tensor | None
@@ -52,6 +54,7 @@ class Batch:
     index: torch.Tensor
     lengths: torch.Tensor | None = None
     full: bool = False
+    ready: Any = None
 
     @property
     def group(self) -> int:

@@ -99,9 +99,12 @@ def cache_on(setting: str, device: torch.device, nbytes: int) -> bool:
 
 
 class PrefetchLoader(DataLoader):
-    """A DataLoader whose batches arrive on ``device`` (CUDA): batch i+1 is copied on a side stream
-    while batch i trains, from page-locked memory.  Elsewhere it is the DataLoader it wraps.  A
-    subclass, so that Lightning can still give it a DistributedSampler under DDP."""
+    """A DataLoader whose batches arrive on ``device`` (CUDA), copied from page-locked memory on a
+    side stream as the loop fetches them, one batch ahead (Lightning's fetcher); each carries the
+    event that ends its copy (``Batch.ready``), which the compute stream waits for only when the
+    batch is used (``CaptionDataModule.on_after_batch_transfer``), so the copy of the next batch
+    overlaps the current step.  Elsewhere it is the DataLoader it wraps.  A subclass, so that
+    Lightning can still give it a DistributedSampler under DDP."""
 
     def __init__(self, *args, device: torch.device | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -113,19 +116,25 @@ class PrefetchLoader(DataLoader):
             yield from batches
             return
         stream = torch.cuda.Stream(self.device)
-        ahead = None
         for batch in batches:
             with torch.cuda.stream(stream):
-                batch = batch.to(self.device)
-            if ahead is not None:
-                yield ahead
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            for t in (batch.features, batch.mask, batch.tokens, batch.index):
-                if t is not None:  # used on the compute stream: its memory is not reused before
-                    t.record_stream(torch.cuda.current_stream(self.device))
-            ahead = batch
-        if ahead is not None:
-            yield ahead
+                moved = batch.to(self.device)
+                ready = torch.cuda.Event()
+                ready.record(stream)
+            yield replace(moved, ready=ready)
+
+
+def when_ready(batch: Batch) -> Batch:
+    """``batch`` made safe to read on the current stream: it waits for the batch's copy
+    (``Batch.ready``), and the copy's memory is not reused before this stream is done with it."""
+    if batch.ready is None:
+        return batch
+    stream = torch.cuda.current_stream()  # the training device's (Lightning makes it the current one)
+    stream.wait_event(batch.ready)
+    for t in (batch.features, batch.mask, batch.tokens, batch.index):
+        if t is not None:
+            t.record_stream(stream)
+    return replace(batch, ready=None)
 
 
 class CaptionDataModule(pl.LightningDataModule):
@@ -221,6 +230,8 @@ class CaptionDataModule(pl.LightningDataModule):
                             device=device if features else None)
 
     def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
+        if isinstance(batch, Batch):
+            batch = when_ready(batch)  # a batch copied ahead on a side stream
         if self.cache is not None and batch.features is None:  # a training batch of a cached split
             return self.cache.fill(batch)
         return batch
