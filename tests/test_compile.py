@@ -111,6 +111,21 @@ def _records(split: str, n: int, offset: int) -> list[CaptionRecord]:
     return out
 
 
+def toy_data(tmp_path, module: CaptioningModule, batching: str, val_items: int) -> CaptionDataModule:
+    """A data module of 21 training items with 2 captions each (``_records``) and random 4 x 6
+    features, in batches of 8 captions."""
+    meta = {"settings": {"backbone": "toy"}, "kind": "image", "positions": 4, "dim": 6, "grid": [2, 2],
+            "dtype": "float16"}
+    train, val = _records("train", 21, 0), _records("val", val_items, 100)
+    g = torch.Generator().manual_seed(0)
+    with FeatureStoreWriter(tmp_path / "store", meta, shard_size=16) as w:
+        for r in train + val:
+            w.add(r.item_id, torch.randn(4, 6, generator=g).numpy())
+    vocab = Vocabulary.from_dict(module.hparams["vocab"])
+    return CaptionDataModule({"train": train, "val": val}, FeatureStore.open(tmp_path / "store"), vocab, max_length=6,
+                             batch_size=8, num_workers=0, batching=batching)
+
+
 def _module(setting: str, batch_size: int = 8) -> CaptioningModule:
     vocab = Vocabulary.build([w.split() for w in WORDS]).to_dict()
     meta = {"kind": "image", "positions": 4, "dim": 6, "grid": [2, 2], "dtype": "float16",
@@ -135,17 +150,8 @@ def test_a_compiled_run_compiles_once_over_epochs_lengths_a_short_last_batch_and
     """21 training items x 2 captions = 42 captions in batches of 8 captions (per caption: 8 rows;
     per image: 4 items of 2 captions): five full batches of different caption lengths and a short
     last one, twice (2 epochs), validation after each: one graph."""
-    meta = {"settings": {"backbone": "toy"}, "kind": "image", "positions": 4, "dim": 6, "grid": [2, 2],
-            "dtype": "float16"}
-    train, val = _records("train", 21, 0), _records("val", 5, 100)
-    g = torch.Generator().manual_seed(0)
-    with FeatureStoreWriter(tmp_path / "store", meta, shard_size=16) as w:
-        for r in train + val:
-            w.add(r.item_id, torch.randn(4, 6, generator=g).numpy())
     module = _module("true")
-    vocab = Vocabulary.from_dict(module.hparams["vocab"])
-    dm = CaptionDataModule({"train": train, "val": val}, FeatureStore.open(tmp_path / "store"), vocab, max_length=6,
-                           batch_size=8, num_workers=0, batching=batching)
+    dm = toy_data(tmp_path, module, batching, val_items=5)
     counter = counting_compile(monkeypatch)
     seen: list[tuple[int, int]] = []
     monkeypatch.setattr(module_mod, "fixed_shapes", functools.partial(_recording, module_mod.fixed_shapes, seen))

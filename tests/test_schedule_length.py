@@ -9,15 +9,10 @@ from dataclasses import replace
 
 import pytest
 import pytorch_lightning as pl
-import torch
-from test_compile import _module, _records
+from test_compile import _module, toy_data
 from torch.utils.data import DistributedSampler
 
 from captioning.config import TrainerConfig
-from captioning.data.datamodule import CaptionDataModule
-from captioning.data.vocab import Vocabulary
-from captioning.store.feature_store import FeatureStore
-from captioning.store.writer import FeatureStoreWriter
 from captioning.train.job import TrainConfig, schedule_length
 from captioning.train.optim import OptimConfig
 
@@ -33,17 +28,8 @@ class Estimated(pl.Callback):
                                      {"accumulate_grad_batches": 2}, {"max_steps": 5}, {"fast_dev_run": True}],
                          ids=["plain", "limit-int", "limit-float", "accumulate", "max-steps", "fast-dev-run"])
 def test_the_schedule_length_is_lightnings_estimate(tmp_path, batching: str, trainer: dict) -> None:
-    meta = {"settings": {"backbone": "toy"}, "kind": "image", "positions": 4, "dim": 6, "grid": [2, 2],
-            "dtype": "float16"}
-    train, val = _records("train", 21, 0), _records("val", 3, 100)
-    g = torch.Generator().manual_seed(0)
-    with FeatureStoreWriter(tmp_path / "store", meta, shard_size=16) as w:
-        for r in train + val:
-            w.add(r.item_id, torch.randn(4, 6, generator=g).numpy())
     module = _module("false")
-    vocab = Vocabulary.from_dict(module.hparams["vocab"])
-    dm = CaptionDataModule({"train": train, "val": val}, FeatureStore.open(tmp_path / "store"), vocab, max_length=6,
-                           batch_size=8, num_workers=0, batching=batching)
+    dm = toy_data(tmp_path, module, batching, val_items=3)
     cfg = TrainConfig(optim=OptimConfig(scheduler="cosine"), trainer=replace(TrainerConfig(max_epochs=3), **trainer))
     estimated = Estimated()
     pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
