@@ -381,3 +381,45 @@ def test_peak_rss_does_not_grow_with_the_number_of_images(tmp_path: Path) -> Non
     small = _peak_rss_kib(image_cli_args(tmp_path / "small", tmp_path / "fs", *common))
     large = _peak_rss_kib(image_cli_args(tmp_path / "large", tmp_path / "fl", *common))
     assert large <= 1.10 * small, (small, large)
+
+
+KILL_AFTER_BATCH = """
+import os, signal, sys, time
+import pytorch_lightning as pl
+from captioning.features.backbones import EncoderConfig, build_backbone
+from captioning.features.extract import MediaItem, run_extraction
+from captioning.store import write_behind
+real = write_behind.atomic_write_json
+def slow(path, obj, indent=1):  # a slow disk: every shard's commit point comes late
+    time.sleep(0.3)
+    return real(path, obj, indent=indent)
+write_behind.atomic_write_json = slow
+class Kill(pl.Callback):  # after the StoreWriter was handed batch k
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if batch_idx == int(sys.argv[3]):
+            os.kill(os.getpid(), signal.SIGKILL)
+paths = sorted(os.listdir(sys.argv[1]))
+items = [MediaItem(str(i), os.path.join(sys.argv[1], p)) for i, p in enumerate(paths)]
+run_extraction(items, "image", build_backbone(EncoderConfig(weights="none", image_size=32)), sys.argv[2],
+               trainer={"accelerator": "cpu", "devices": 1}, batch_size=2, shard_size=4, num_workers=0,
+               progress=False, callbacks=[Kill()])
+"""
+
+
+@pytest.mark.parametrize("batch", [3, 8])
+def test_a_killed_extraction_loses_at_most_its_unfinished_shard_and_the_batches_on_their_way(tmp_path: Path,
+                                                                                            batch: int) -> None:
+    """SIGKILL after the forward of batch k, the shards slow to commit: every item forwarded is in the
+    store except at most the writer's unfinished shard (4 items) and the batches handed to its thread
+    and not yet in that shard (the 2 queued, the one being added: 3 x 2 items), and the run resumes."""
+    make_images(tmp_path / "d", 24)
+    images = tmp_path / "d" / "images"
+    proc = subprocess.run([sys.executable, "-c", KILL_AFTER_BATCH, str(images), str(tmp_path / "f"), str(batch)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    from captioning.store.feature_store import FeatureStore
+
+    forwarded = 2 * (batch + 1)
+    stored = FeatureStore.open(tmp_path / "f")
+    assert forwarded - len(stored) <= 4 + 3 * 2 and len(stored) % 4 == 0, (forwarded, len(stored))
+    assert sorted(stored.ids, key=int) == [str(i) for i in range(len(stored))]
