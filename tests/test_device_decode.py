@@ -302,7 +302,7 @@ def test_extraction_job_through_the_device_path(tmp_path, monkeypatch) -> None:
     cpu = {"accelerator": "cpu", "devices": 1}
     pil = extract_module.run_extraction(items, "image", backbone, tmp_path / "pil", trainer=cpu, batch_size=4,
                                         num_workers=0, progress=False)
-    monkeypatch.setattr(extract_module, "resolve_jpeg_decoder", lambda *a: True)
+    monkeypatch.setattr(extract_module, "resolve_jpeg_decoder", lambda *a: "torchcodec")
     dev = extract_module.run_extraction(items, "image", backbone, tmp_path / "dev", trainer=cpu, batch_size=4,
                                         num_workers=0, progress=False)
     assert (dev.processed, dev.failed) == (pil.processed, pil.failed) == (len(items) - len(FAILED), len(FAILED))
@@ -317,16 +317,18 @@ def test_extraction_job_through_the_device_path(tmp_path, monkeypatch) -> None:
 
 
 def test_resolving_the_decoder() -> None:
-    assert not resolve_jpeg_decoder("auto", "image", "cpu")
-    assert not resolve_jpeg_decoder("pil", "image", "gpu")
-    assert not resolve_jpeg_decoder("auto", "video", "gpu")
+    assert resolve_jpeg_decoder("auto", "image", "cpu") is None
+    assert resolve_jpeg_decoder("pil", "image", "gpu") is None
+    assert resolve_jpeg_decoder("auto", "video", "gpu") is None
     with pytest.raises(Exception, match="jpeg_decoder='turbo'"):
         resolve_jpeg_decoder("turbo", "image", "cpu")
     with pytest.raises(Exception, match="jpeg_library='pillow'"):
         resolve_jpeg_decoder("nvjpeg", "image", "cpu", "pillow")
     if not torch.cuda.is_available():
-        with pytest.raises(Exception, match="jpeg_decoder=nvjpeg but torchcodec cannot decode JPEGs on a CUDA device"):
+        with pytest.raises(Exception, match="jpeg_decoder=nvjpeg but no library can decode JPEGs on a CUDA device"):
             resolve_jpeg_decoder("nvjpeg", "image", "cpu")
+        with pytest.raises(Exception, match="jpeg_decoder=nvjpeg but torchvision can"):
+            resolve_jpeg_decoder("nvjpeg", "image", "gpu", "torchvision")
 
 
 # ------------------------------------------------------------------------ the 4:2:0 bound

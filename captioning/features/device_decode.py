@@ -78,22 +78,24 @@ def nvjpeg_works(device: str, library: str = "torchcodec") -> bool:
         return False
 
 
-def resolve_jpeg_decoder(choice: str, kind: str, accelerator: str, library: str = "torchcodec") -> bool:
-    """Whether the job decodes JPEGs on the device: ``nvjpeg`` (an error without it), ``pil`` (never) or
-    ``auto`` (on a CUDA accelerator whose nvjpeg works; images only)."""
+def resolve_jpeg_decoder(choice: str, kind: str, accelerator: str, library: str = "auto") -> str | None:
+    """The library that decodes the job's JPEGs on the device (None: PIL in the workers): ``choice``
+    ``nvjpeg`` (an error without one), ``pil`` (never) or ``auto`` (on a CUDA accelerator whose nvjpeg
+    works; images only); ``library`` ``auto``: torchcodec where it decodes on the device, else torchvision."""
     if choice not in DECODERS:
         raise ConfigError(f"jpeg_decoder={choice!r}: use auto, pil or nvjpeg")
-    if library not in JPEG_LIBRARIES:
-        raise ConfigError(f"jpeg_library={library!r}: use {' or '.join(JPEG_LIBRARIES)}")
+    if library != "auto" and library not in JPEG_LIBRARIES:
+        raise ConfigError(f"jpeg_library={library!r}: use auto, {' or '.join(JPEG_LIBRARIES)}")
     cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
     if kind != "image" or choice == "pil" or (choice == "auto" and not cuda):
-        return False
-    if nvjpeg_works("cuda", library):
-        return True
+        return None
+    for name in JPEG_LIBRARIES if library == "auto" else (library,):
+        if nvjpeg_works("cuda", name):
+            return name
     if choice == "nvjpeg":
-        raise ConfigError(f"jpeg_decoder=nvjpeg but {library} cannot decode JPEGs on a CUDA device here "
-                          f"(no GPU, or a build without nvjpeg): use jpeg_decoder=auto or pil")
-    return False
+        raise ConfigError(f"jpeg_decoder=nvjpeg but {'no library' if library == 'auto' else library} can decode "
+                          f"JPEGs on a CUDA device here (no GPU, or builds without nvjpeg): use jpeg_decoder=auto or pil")
+    return None
 
 
 def decode_jpegs(data: Sequence[torch.Tensor], device: torch.device,

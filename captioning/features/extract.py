@@ -207,7 +207,7 @@ def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, fe
                    trainer: dict[str, Any] | None = None, batch_size: int = 32, num_workers: int | None = None,
                    dtype: str = "float16", shard_size: int = 256, progress: bool = True,
                    callbacks: Sequence[pl.Callback] = (), jpeg_decoder: str = "auto",
-                   jpeg_library: str = "torchcodec") -> ExtractSummary:
+                   jpeg_library: str = "auto") -> ExtractSummary:
     """Extract features for ``items`` into the FeatureStore at ``features_dir`` (resumable).
 
     ``trainer``: ``pytorch_lightning.Trainer`` keyword arguments (accelerator, devices, strategy,
@@ -230,15 +230,16 @@ def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, fe
     progress = progress and kw.pop("enable_progress_bar", True)
     accelerator = str(kw.get("accelerator", "auto"))
     pin = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    on_device = resolve_jpeg_decoder(jpeg_decoder, kind, accelerator, jpeg_library)
+    library = resolve_jpeg_decoder(jpeg_decoder, kind, accelerator, jpeg_library)
     meta = store_meta(backbone, kind, dtype)
     if not video:  # a record (stores compare settings, not decoders)
-        meta["image_decoder"] = f"nvjpeg ({jpeg_library}; baseline JPEGs), PIL (other files)" if on_device else "PIL"
+        meta["image_decoder"] = f"nvjpeg ({library}; baseline JPEGs), PIL (other files)" if library else "PIL"
     check_existing_meta(features_dir, meta)
     dm = ExtractDataModule(items, kind, pre, VideoSampling.from_encoder(cfg) if video else None, features_dir,
                            batch_size=batch_size, num_workers=num_workers, pin_memory=pin,
-                           jpeg_library=jpeg_library if on_device else None)
-    log.info("%d DataLoader workers; JPEGs decoded by %s", num_workers, "nvjpeg on the device" if on_device else "PIL")
+                           jpeg_library=library)
+    log.info("%d DataLoader workers; JPEGs decoded by %s", num_workers,
+             f"nvjpeg on the device ({library})" if library else "PIL")
     writer = StoreWriter(features_dir, meta, shard_size=shard_size, dtype=dtype)
     cbs: list[pl.Callback] = [writer, *callbacks]
     if progress:

@@ -40,7 +40,7 @@ class ExtractConfig:
     batch_size: int = 32
     num_workers: int | None = None  # DataLoader workers; None: one per available core (at most 16)
     jpeg_decoder: str = "auto"  # auto (nvjpeg on a GPU, else PIL) | pil | nvjpeg: where JPEGs are decoded
-    jpeg_library: str = "torchcodec"  # torchcodec | torchvision: whose nvjpeg decode decodes them on a GPU
+    jpeg_library: str = "auto"  # auto (torchcodec where it decodes on the GPU, else torchvision) | torchcodec | torchvision
     dtype: str = "float16"  # float16 | float32
     shard_size: int = 256
     limit: int | None = None  # only the first N unique items (smoke runs)

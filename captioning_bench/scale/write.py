@@ -49,8 +49,10 @@ def item_pool(n: int, positions: int, dim: int, seed: int) -> np.ndarray:
     return rng.standard_normal((n, positions, dim), dtype=np.float32).astype(np.float16)
 
 
-def store_write(folder: Path, pool: np.ndarray, items: int, copy: bool = False) -> dict[str, Any]:
-    """``items`` items (cycling through ``pool``) into a new store in ``folder``: seconds and bytes."""
+def store_write(folder: Path, pool: np.ndarray, items: int, copy: bool = False,
+                seconds: float | None = None) -> dict[str, Any]:
+    """``items`` items (cycling through ``pool``; fewer when ``seconds`` have passed) into a new store in
+    ``folder``: the seconds from the first ``add`` to the end of ``close``, the items and the bytes."""
     shutil.rmtree(folder, ignore_errors=True)
     n, positions, dim = pool.shape
     meta = {"settings": {"backbone": "synthetic-random", "weights": "none"}, "kind": "image",
@@ -59,10 +61,13 @@ def store_write(folder: Path, pool: np.ndarray, items: int, copy: bool = False) 
     with FeatureStoreWriter(folder, meta, shard_size=synthetic.SHARD_SIZE) as writer:
         for i in range(items):
             writer.add(str(i), pool[i % n], copy=copy)
-    seconds = time.perf_counter() - t
+            if seconds is not None and i % 64 == 63 and time.perf_counter() - t >= seconds:
+                items = i + 1
+                break
+    elapsed = time.perf_counter() - t
     data = sum(p.stat().st_size for p in (folder / "shards").glob("*.npy"))
     shutil.rmtree(folder, ignore_errors=True)
-    return {"seconds": seconds, "data_bytes": data}
+    return {"seconds": elapsed, "data_bytes": data, "items": items}
 
 
 def plain_write(folder: Path, pool: np.ndarray, nbytes: int) -> dict[str, Any]:
