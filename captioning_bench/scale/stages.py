@@ -163,12 +163,16 @@ class Scale(ProcessStages):
 
     # ------------------------------------------------------------------ write
     def write(self) -> Iterator[dict[str, Any]]:
-        """The store writer vs a plain sequential write of the same bytes in ``--write-root`` (alternated)."""
+        """The store writer vs a plain sequential write of the same bytes in ``--write-root`` (alternated;
+        fewer items than ``--write-items`` where the folder has not the room for them: ``requested``)."""
         a = self.args
         folder = Path(a.write_root) if a.write_root else self.root / "write"
-        r = write.compare(folder, a.write_items, self.positions, self.dim, a.write_repeats, a.seed)
-        common = {"write_items": a.write_items, "folder": str(folder), "filesystem": r["filesystem"],
-                  "repeats": a.write_repeats, "rounds": r["rounds"]}
+        folder.mkdir(parents=True, exist_ok=True)
+        items = max(1, min(a.write_items, int(0.8 * shutil.disk_usage(folder).free / self.item_bytes)))
+        r = write.compare(folder, items, self.positions, self.dim, a.write_repeats, a.seed)
+        common = {"write_items": items, "requested": a.write_items, "folder": str(folder),
+                  "filesystem": r["filesystem"], "tmpfs": r["filesystem"] == "tmpfs", "repeats": a.write_repeats,
+                  "rounds": r["rounds"]}
         for name, key, speed, how in (("store_write", "ratio", "store_mb_per_s", "add(copy=False), as extraction"),
                                       ("store_write_copied", "copied_ratio", "copied_mb_per_s", "add copying each item")):
             m = r["store" if key == "ratio" else "copied"]
