@@ -55,15 +55,19 @@ from captioning.utils.locks import ExclusiveLock
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 << 20  # bytes per sequential write of a shard's rows
-# the exponent bits of IEEE half and single floats: all ones for inf and NaN
-_EXPONENT = {"float16": (np.uint16, 0x7FFF, 0x7C00), "float32": (np.uint32, 0x7FFFFFFF, 0x7F800000)}
+# per store dtype: its bits as unsigned and as signed integers, and where infinity starts (sign bit
+# clear: +inf; set: -inf): NaN and infinity are the values whose exponent bits are all ones
+_BITS = {"float16": (np.uint16, np.int16, 0x7C00, 0xFC00), "float32": (np.uint32, np.int32, 0x7F800000, 0xFF800000)}
 
 
 def all_finite(row: np.ndarray, dtype: str) -> bool:
-    """Whether every value of a C-contiguous ``row`` of store ``dtype`` is finite: the largest
-    magnitude's bits below those of infinity (one integer pass, no float compare per element)."""
-    bits, magnitude, inf = _EXPONENT[dtype]
-    return bool(np.bitwise_and(row.view(bits), magnitude).max(initial=0) < inf)
+    """Whether every value of a C-contiguous ``row`` of store ``dtype`` is finite, from its bits alone
+    (two integer maxima, no temporary): as signed integers the positive values come last, and +inf
+    and every NaN without a sign bit are at least +inf's bits; as unsigned integers the negative ones
+    come last, and -inf and every NaN with a sign bit are at least -inf's bits."""
+    unsigned, signed, positive, negative = _BITS[dtype]
+    bits = row.view(unsigned)
+    return bool(bits.max(initial=0) < negative and bits.view(signed).max(initial=0) < positive)
 
 
 class FeatureStoreWriter:
