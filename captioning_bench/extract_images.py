@@ -14,8 +14,8 @@ on a GPU); ``over_forward`` the job over the forward alone (what this benchmark 
 Rates at steady state, without a host wait per batch: the job's from the times its batches reached
 the store's writer, after ``--warmup`` batches; the parts from their first batch after the warm-up
 to their end (one device synchronisation).  The parts run first, ``--part-seconds`` each, and the
-job then gets enough items for ``--min-seconds`` (20 s) at the slowest part's rate (or, with
-``--num-images``, the job and each part that many).  The items cycle through ``--distinct-images``
+job then gets enough items for ``--min-seconds`` (20 s) of steady state at the slowest part's rate,
+after its warm-up batches (or, with ``--num-images``, the job and each part that many).  The items cycle through ``--distinct-images``
 photo-like JPEGs (``--src-size``, COCO-like 640x480) generated once into ``--jpeg-cache`` and reused.  Also reported:
 the peak RSS of this process and of its (worker) children, and ``fold_speedup``: the forward with
 its batch norms folded into the convolutions (what the job runs) over the network as built.
@@ -221,8 +221,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         parts = parts_alone(args, backbone, encoder, paths, device, workers, precision, tmp / "write-alone")
         rates = {k: parts[k] for k in ("decode", "forward", "write")}
         slowest = min(rates, key=rates.__getitem__)
-        n = args.num_images or args.batch_size * max(math.ceil(args.min_seconds * rates[slowest] * 1.1 / args.batch_size),
-                                                     args.warmup + 2)
+        steady = max(math.ceil(args.min_seconds * rates[slowest] * 1.1 / args.batch_size), 2)  # batches
+        n = args.num_images or args.batch_size * (args.warmup + steady)  # the warm-up batches on top
         items = [MediaItem(str(i), str(paths[i % len(paths)])) for i in range(n)]
         trainer = {"accelerator": "gpu" if device.type == "cuda" else "cpu", "devices": 1, "precision": precision}
         summary = run_extraction(items, "image", backbone, tmp / "features", trainer=trainer,

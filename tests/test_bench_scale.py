@@ -78,6 +78,7 @@ def test_the_writer_and_the_plain_write_write_the_same_bytes(records) -> None:
         median = sorted(r["rounds"], key=lambda x: x[key])[1]
         assert (r["value"], r["limit"], r["ratio"]) == (median[speed], median["plain_mb_per_s"], median[key])
         assert r["ratio"] == pytest.approx(r["value"] / r["limit"], rel=0.02)
+        assert all(x["cpu_ratio"] is None or x["cpu_ratio"] > 0 for x in r["rounds"])
 
 
 def test_bytes_read_are_items_read_times_item_size(records) -> None:

@@ -359,9 +359,11 @@ class Scale(ProcessStages):
         # imported here: the backbones (timm) serve this stage only
         from captioning_bench import extract_images as extract_bench
 
-        a = argparse.Namespace(device=self.args.device, num_images=self.args.extract_images, batch_size=32,
-                               workers=2, encoder="efficientnet_lite0", weights="packaged", image_size=224,
-                               src_size="640x480", precision=None)
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--device")
+        extract_bench.add_arguments(parser)
+        a = parser.parse_args(["--device", self.args.device, "--num-images", str(self.args.extract_images),
+                               "--batch-size", "32", "--workers", "2", "--skip-fold"])
         r = {x["name"]: x for x in extract_bench.run(a)}
         job = r["extract_images/job_throughput"]["value"]
         fwd = r["extract_images/forward_throughput"]["value"]
