@@ -62,14 +62,16 @@ bench: $(STAMP)
 	$(VENV)/bin/captioning-bench metrics --device cpu
 
 ## make gpu-wheels (here, with PyPI): .whl/, the wheels a bare GPU machine lacks (~35 MiB). make gpu-check
-## (on a CUDA machine, < 8 min): GPU tests, cuda benchmarks, GPU training through the CLIs -> gpu-check/
-## figures.jsonl (scripts/gpu_check.sh: the device tool's call is in its header)
+## (on a CUDA machine, two calls of < 5 min): the GPU tests, benchmarks and CLIs of training, then of
+## extraction -> gpu-check/{train,extract}/figures.jsonl (scripts/gpu_check.sh: the device tool's calls
+## are in its header)
 GPU_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 GPU_CHECK_OUT ?= gpu-check
 gpu-wheels:
 	PYTHON=$(GPU_PY) bash scripts/gpu_wheels.sh
 gpu-check:
-	PYTHON=$(GPU_PY) bash scripts/gpu_check.sh $(GPU_CHECK_OUT)
+	rc=0; for call in train extract; do \
+	  PYTHON=$(GPU_PY) bash scripts/gpu_check.sh $$call $(GPU_CHECK_OUT)/$$call || rc=$$?; done; exit $$rc
 
 clean:
 	rm -rf outputs multirun results .pytest_cache

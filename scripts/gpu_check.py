@@ -6,7 +6,7 @@
     python scripts/gpu_check.py train RUN_DIR FIGURES --label L --seconds S
     python scripts/gpu_check.py compare REFERENCE_DIR CANDIDATE_DIR FIGURES --label L [--identical]
     python scripts/gpu_check.py clock CLOCK_JSON FIGURES --label L [--warmup N]
-    python scripts/gpu_check.py targets FIGURES                 # the issue-41 targets met or missed
+    python scripts/gpu_check.py targets FIGURES --call train|extract   # that call's targets met or missed
     python scripts/gpu_check.py finish FIGURES SUMMARY_JSON
 
 Every line has ``name``, ``unit`` and ``value`` (as ``captioning-bench`` writes them); ``finish``
@@ -190,14 +190,18 @@ def compare(args: argparse.Namespace) -> int:
     return 1 if args.identical and not identical else 0
 
 
-# (target, figure name, the record's fields that select it, the record's field compared, <= or >=, limit)
+# (call, target, figure name, the record's fields that select it, the record's field compared, <= or >=, limit)
 TARGETS = (
-    ("extraction_over_forward", "extract_images/ratio", {"device": "cuda", "jpeg_decoder": "nvjpeg*"}, "value",
-     ">=", 0.8),
-    ("evaluate_5k_seconds", "scale/evaluate/total", {"device": "cuda", "precision": "fp32"}, "value", "<=", 10.0),
-    ("evaluate_write_over_decode", "scale/evaluate/total", {"device": "cuda", "precision": "fp32"},
-     "write_over_decode", "<=", 0.1),
-    ("gpu_fp32_captions_equal_cpu", "gpu_check/eval_agreement/cpu_vs_gpu_fp32", {}, "value", ">=", 1.0),
+    ("train", "train_cli_over_tutorial", "train/cli_vs_baseline", {"device": "cuda", "compile": "auto"}, "value",
+     ">=", 10.0),
+    ("train", "train_cli_over_its_step", "train/cli_vs_ours", {"device": "cuda", "compile": "auto"}, "value",
+     ">=", 0.9),
+    ("train", "gpu_fp32_captions_equal_cpu", "gpu_check/eval_agreement/cpu_vs_gpu_fp32", {}, "value", ">=", 1.0),
+    ("train", "scst_steps_per_s_recorded", "gpu_check/steps_per_s/scst_compile_auto", {}, "value", ">", 0.0),
+    ("extract", "extraction_over_slowest_part", "extract_images/ratio", {"device": "cuda", "jpeg_decoder": "nvjpeg*"},
+     "value", ">=", 0.8),
+    ("extract", "store_write_over_disk", "scale/store_write", {"device": "cuda", "tmpfs": "False"}, "ratio", ">=", 0.8),
+    ("extract", "store_write_over_tmpfs", "scale/store_write", {"device": "cuda", "tmpfs": "True"}, "ratio", ">=", 0.8),
 )
 
 
@@ -210,14 +214,16 @@ def _selects(record: dict, fields: dict) -> bool:
 
 
 def targets(args: argparse.Namespace) -> int:
-    """One line per target of the GPU acceptance (``TARGETS``): the measured value (the last record
-    that matches), the limit and the verdict; exit 1 when one is missed or was not measured."""
+    """One line per target of the call's GPU acceptance (``TARGETS``): the measured value (the last
+    record that matches), the limit and the verdict; exit 1 when one is missed or was not measured."""
     lines = read_lines(args.figures)
     records, missed = [], []
-    for target, name, fields, key, op, limit in TARGETS:
+    for call, target, name, fields, key, op, limit in TARGETS:
+        if call != args.call:
+            continue
         found = [r for r in lines if r.get("name") == name and _selects(r, fields) and r.get(key) is not None]
         value = float(found[-1][key]) if found else None
-        met = value is not None and (value >= limit if op == ">=" else value <= limit)
+        met = value is not None and {">=": value >= limit, ">": value > limit, "<=": value <= limit}[op]
         verdict = "met" if met else ("not measured" if value is None else "missed")
         records.append({"name": f"gpu_check/target/{target}", "unit": "", "value": value, "figure": name,
                         "field": key, "limit": f"{op} {limit}", "verdict": verdict})
@@ -288,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=clock)
     p = sub.add_parser("targets")
     p.add_argument("figures")
+    p.add_argument("--call", required=True, choices=sorted({t[0] for t in TARGETS}))
     p.set_defaults(fn=targets)
     p = sub.add_parser("finish")
     p.add_argument("figures")

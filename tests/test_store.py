@@ -17,8 +17,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from captioning.errors import ConfigError, DataError, StorageError
-from captioning.store import writer as store_mod
+from captioning.store import write_behind
 from captioning.store.feature_store import FeatureItem, FeatureStore
+from captioning.store.layout import DTYPES
 from captioning.store.writer import FeatureStoreWriter
 
 N, C = 6, 8
@@ -149,14 +150,49 @@ def test_open_errors(tmp_path: Path) -> None:
         FeatureStore.open(root)
 
 
+def test_the_streamed_header_is_numpys_and_fits_any_smaller_count() -> None:
+    """A shard's rows are written before its row count is known, under a header of the full shard's
+    length: for a full shard it is np.save's header byte for byte, for fewer rows np.load reads it."""
+    import io
+
+    from captioning.store.layout import npy_header
+
+    for shape, dtype in (((256, 196, 512), "float16"), ((3, 6, 8), "float32"), ((1, 1, 1), "float16")):
+        buf = io.BytesIO()
+        np.save(buf, np.zeros(shape, DTYPES[dtype]))
+        header = npy_header(shape, dtype)
+        assert buf.getvalue()[: len(header)] == header and len(header) % 64 == 0
+        small = npy_header((2, *shape[1:]), dtype, len(header))
+        assert len(small) == len(header)
+        data = small + np.arange(2 * shape[1] * shape[2], dtype=DTYPES[dtype]).tobytes()
+        assert np.load(io.BytesIO(data)).shape == (2, *shape[1:])
+    with pytest.raises(ValueError, match="needs"):
+        npy_header((10**30, 1, 1), "float16", 64)
+
+
+def test_finiteness_is_read_from_the_exponent_bits() -> None:
+    from captioning.store.writer import all_finite
+
+    for dtype in ("float16", "float32"):
+        x = np.linspace(-60000, 60000, 97, dtype=DTYPES[dtype]).reshape(1, 97)
+        assert all_finite(x, dtype)
+        for bad in (np.inf, -np.inf, np.nan, -np.nan):
+            y = x.copy()
+            y[0, 50] = bad
+            assert not all_finite(y, dtype), (dtype, bad)
+        tiny = np.array([[np.finfo(DTYPES[dtype]).max, -np.finfo(DTYPES[dtype]).max, np.finfo(DTYPES[dtype]).tiny]],
+                        dtype=DTYPES[dtype])
+        assert all_finite(tiny, dtype)
+
+
 # ------------------------------------------------------------------------------- atomicity
 
 CRASH_SCRIPT = textwrap.dedent("""
     import os, sys, json
     import numpy as np
-    from captioning.store import writer as st
+    from captioning.store import write_behind as wb, writer as st
     root, meta = sys.argv[1], json.loads(sys.argv[2])
-    real = st.atomic_write_json
+    real = wb.atomic_write_json
     calls = []
     def dying(path, obj, indent=1):
         if str(path).endswith(".index.json"):
@@ -164,7 +200,7 @@ CRASH_SCRIPT = textwrap.dedent("""
             if len(calls) == 2:
                 os._exit(3)  # killed after the 2nd shard's data file, before its index
         return real(path, obj, indent=indent)
-    st.atomic_write_json = dying
+    wb.atomic_write_json = dying
     w = st.FeatureStoreWriter(root, meta, shard_size=2)
     for i in range(6):
         rng = np.random.default_rng(i)
@@ -198,25 +234,70 @@ def test_killed_between_data_and_index_leaves_no_visible_shard(tmp_path: Path) -
         np.testing.assert_allclose(store[f"id{i}"].features.astype(np.float32), feats(i), atol=1e-2)
 
 
+SLOW_COMMITS_THEN_KILL = textwrap.dedent("""
+    import os, signal, sys, json, time
+    import numpy as np
+    from captioning.store import write_behind as wb, writer as st
+    root, meta, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+    real = wb.atomic_write_json
+    def slow(path, obj, indent=1):  # a slow disk: each shard's commit point comes late
+        time.sleep(0.3)
+        return real(path, obj, indent=indent)
+    wb.atomic_write_json = slow
+    w = st.FeatureStoreWriter(root, meta, shard_size=4)
+    for i in range(n):
+        w.add(f"id{i}", (np.random.default_rng(i).standard_normal((meta["positions"], meta["dim"]))).astype(np.float16),
+              copy=bool(i % 2))
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+@pytest.mark.parametrize("added", [5, 8, 9, 14])
+def test_a_killed_writer_loses_at_most_its_unfinished_shard(tmp_path: Path, added: int) -> None:
+    """SIGKILL right after ``added`` items, the shard commits slow: every shard but the last one is
+    committed (the writer adds a shard's first item only after the shard before it is committed), so
+    at most ``shard_size`` items are lost, and the store that is left opens and resumes."""
+    root = tmp_path / "s"
+    proc = subprocess.run([sys.executable, "-c", SLOW_COMMITS_THEN_KILL, str(root), json.dumps(META), str(added)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    store = FeatureStore.open(root)
+    assert added - len(store) <= 4 and len(store) % 4 == 0
+    assert store.ids == ids_of(len(store))
+    w = FeatureStoreWriter(root, META, shard_size=4)  # resumes after the committed shards
+    assert w.done_ids() == set(ids_of(len(store)))
+    w.close()
+
+
 def test_full_disk_keeps_previous_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard the disk has no room for: the error names it (raised by the next call, the commit runs
+    on the write-behind thread), no partial file is left, and its items stay with the writer until
+    ``flush`` writes them after space is freed."""
     root = tmp_path / "s"
     w = FeatureStoreWriter(root, META, shard_size=2)
     for i in range(2):
-        w.add(f"id{i}", feats(i))  # shard 0 committed
+        w.add(f"id{i}", feats(i))
+    w.flush()  # shard 0 committed
     before = shard_files(root)
+    real = write_behind._write_all
 
-    def no_space(*args, **kwargs):
+    def no_space(f, view):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(np, "save", no_space)
+    monkeypatch.setattr(write_behind, "_write_all", no_space)
     w.add("id2", feats(2))
+    w.add("id3", feats(3))  # shard 1 complete: its commit fails on the thread
     with pytest.raises(StorageError, match=r"r000-000001\.npy.*disk is full.*2 items .* kept"):
-        w.add("id3", feats(3))
+        w.flush()
+    with pytest.raises(StorageError, match="disk is full"):
+        w.add("id4", feats(4))  # and every call after it, until a flush succeeds
     assert shard_files(root) == before  # no partial shard, no temp file
     assert FeatureStore.open(root).ids == ["id0", "id1"]
-    monkeypatch.undo()  # space freed: the buffered rows are still there and commit
+    monkeypatch.setattr(write_behind, "_write_all", real)  # space freed: the shard's rows are still there
+    w.flush()
+    w.add("id4", feats(4))
     w.close()
-    assert FeatureStore.open(root).ids == ids_of(4)
+    assert FeatureStore.open(root).ids == ids_of(5)
 
 
 def test_index_write_failure_removes_the_data_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -226,9 +307,10 @@ def test_index_write_failure_removes_the_data_file(tmp_path: Path, monkeypatch: 
     def failing(path, obj, indent=1):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(store_mod, "atomic_write_json", failing)
+    monkeypatch.setattr(write_behind, "atomic_write_json", failing)
+    w.add("id0", feats(0))
     with pytest.raises(StorageError, match="Input/output error"):
-        w.add("id0", feats(0))
+        w.add("id1", feats(1))  # waits for shard 0's commit, which failed
     assert [f for f in shard_files(root) if not f.startswith(".r000.lock")] == []
     w.abort()
 

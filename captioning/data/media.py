@@ -19,6 +19,10 @@ Conversions done by ``load_image``:
   beyond the limit are refused.
 - Multi-frame files (GIF, TIFF, MPO) give their first frame.
 
+A JPEG is decoded as ``captioning.data.jpeg.decodable_jpeg`` says every decoder decodes it (the
+standard Huffman tables inserted where its stream leaves them out; refused when a quantization
+table is missing), so that the GPU decoder and this one agree on what a JPEG is.
+
 Truncated, corrupt, zero-byte and non-image files raise ``DataError`` naming the file.
 Pillow's global ``ImageFile.LOAD_TRUNCATED_IMAGES`` is not changed (keep it False).
 
@@ -29,6 +33,7 @@ reader resolves its ids through it.
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
@@ -39,6 +44,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, JpegImagePlugin
 
+from captioning.data.jpeg import decodable_jpeg
 from captioning.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -113,7 +119,7 @@ def load_image(path: str | Path, max_side: int | None = 4096,
     im: Image.Image | None = None
     out: Image.Image | None = None
     try:
-        im = _open(p, max_side)
+        im = _open(p, decodable_jpeg(p.read_bytes(), p), max_side)
         im.load()
         _exif_transpose(im, p)
         out = im
@@ -122,7 +128,7 @@ def load_image(path: str | Path, max_side: int | None = 4096,
                 out.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
             except (ValueError, OSError):  # a mode Pillow cannot resample: shrink after converting
                 pass
-        out = _to_rgb(out, background)
+        out = _to_rgb(out, background, p)
         if max_side is not None and max(out.size) > max_side:
             out.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
         if out is im and getattr(im, "fp", None) is not None:
@@ -138,18 +144,19 @@ def load_image(path: str | Path, max_side: int | None = 4096,
             im.close()
 
 
-def _open(path: Path, max_side: int | None) -> Image.Image:
-    """Open lazily (header only); request a reduced JPEG decode when the image is larger than needed."""
+def _open(path: Path, data: bytes, max_side: int | None) -> Image.Image:
+    """Open the file ``path`` holding ``data`` lazily (header only); request a reduced JPEG decode when
+    the image is larger than needed."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            im = Image.open(path)
+            im = Image.open(io.BytesIO(data))
         except Image.DecompressionBombError as e:
-            if max_side is None or not _is_jpeg(path):
+            if max_side is None or data[:3] != b"\xff\xd8\xff":
                 raise DataError(f"image {path} is too large to decode safely ({e}); downscale it, or raise "
                                 f"PIL.Image.MAX_IMAGE_PIXELS if you trust the file") from e
             # The plugin class skips Image.open's size check; the reduced size is checked below.
-            im = JpegImagePlugin.JpegImageFile(str(path))
+            im = JpegImagePlugin.JpegImageFile(io.BytesIO(data))
     if max_side is not None and im.format in ("JPEG", "MPO") and max(im.size) > max_side:
         w, h = im.size
         m = max(w, h)
@@ -163,11 +170,6 @@ def _open(path: Path, max_side: int | None) -> Image.Image:
     return im
 
 
-def _is_jpeg(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(3) == b"\xff\xd8\xff"
-
-
 def _exif_transpose(im: Image.Image, path: Path) -> None:
     """Apply the EXIF orientation in place (a malformed EXIF block is ignored)."""
     try:
@@ -176,7 +178,7 @@ def _exif_transpose(im: Image.Image, path: Path) -> None:
         log.debug("ignoring unreadable EXIF orientation of %s: %s", path, e)
 
 
-def _to_rgb(im: Image.Image, background: tuple[int, int, int]) -> Image.Image:
+def _to_rgb(im: Image.Image, background: tuple[int, int, int], path: Path) -> Image.Image:
     """Any Pillow mode -> RGB (see the module docstring for the conventions)."""
     mode = im.mode
     if mode == "RGB":
@@ -202,5 +204,5 @@ def _to_rgb(im: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     try:
         return im.convert("RGB")
     except ValueError as e:
-        raise DataError(f"image {getattr(im, 'filename', '') or '<image>'} has mode {mode}, which cannot be "
+        raise DataError(f"image {path} has mode {mode}, which cannot be "
                         f"converted to RGB; convert it (e.g. to PNG/JPEG RGB) first") from e

@@ -5,24 +5,26 @@ Pieces (each usable on its own; ``captioning-extract`` wires them together):
 - ``MediaDataset`` (``captioning.features.media_dataset``): (item_id, path) pairs decoded in
   DataLoader workers (one worker per available core by default); a bad file never raises in a
   worker: it comes back as a failure value.  On a GPU the workers pass JPEGs on as their bytes and
-  nvjpeg decodes and resizes them on the device (``captioning.features.device_decode``;
-  ``jpeg_decoder``).
-- ``FeatureExtractor(LightningModule)``: normalises on the device and runs the frozen backbone in
-  inference mode (precision from the Trainer).  Images -> [h*w, C]; videos -> per-frame pooled
-  [K, C] or per-frame grids [K*h*w, C] (frame-major); clip encoders: one clip per sampled frame,
-  pooled over its space-time [K, C] or over its time [K*h*w, C].
-- ``StoreWriter(BasePredictionWriter)`` (``captioning.features.extract_callbacks``): each rank
-  appends to its own shards through ``FeatureStoreWriter(rank=global_rank)`` after every batch, and
-  records failures; ``ItemsProgressBar`` counts items.
+  nvjpeg decodes and resizes them on the device, a batch ahead of the forward, on a thread and
+  stream of its own (``captioning.features.decode_ahead``; ``jpeg_decoder``).
+- ``FeatureExtractor(LightningModule)`` (``captioning.features.extractor``): normalises on the
+  device and runs the frozen backbone in inference mode (precision from the Trainer).  Images ->
+  [h*w, C]; videos -> per-frame pooled [K, C] or per-frame grids [K*h*w, C] (frame-major); clip
+  encoders: one clip per sampled frame, pooled over its space-time [K, C] or over its time
+  [K*h*w, C].  The features' copy to the host is not waited for.
+- ``StoreWriter`` (``captioning.features.extract_callbacks``): a thread appends each batch to this
+  rank's shards through ``FeatureStoreWriter(rank=global_rank)`` and records failures, while the
+  next batches run; ``ItemsProgressBar`` counts items.
+
+So the next batch is decoded while this one runs forward and the one before is written, and the
+job never waits for the device (no host read of a device value per batch).
 
 Resuming: ids already in the store (``done_ids``) are dropped before the dataset is built, so a
 killed run continues where its last complete shard ended.
 
-DDP: Lightning's ``DistributedSampler`` pads the last round with repeated items so every rank gets
-the same number of batches.  The writer skips ids this rank has already written (or that were
-done before the run); a padded item that another rank also wrote is stored twice across ranks and
-the FeatureStore resolves such cross-rank duplicates when it opens (one entry per id).  The
-summary counts each id once (padding repeats are not "processed").
+DDP: rank r extracts every world_size-th item of what is left, from the r-th on (no padding, no
+repeats).  The writer still skips ids this rank has already written (or that were done before the
+run), and the FeatureStore resolves cross-rank duplicates when it opens (one entry per id).
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ from torch.utils.data import DataLoader
 from captioning.data.video import resolve_backend
 from captioning.errors import ConfigError, DataError
 from captioning.features.backbones import Backbone, Preprocessing
-from captioning.features.device_decode import decode_on_device, resolve_jpeg_decoder
+from captioning.features.decode_ahead import DecodeAhead, wait_for
+from captioning.features.device_decode import resolve_jpeg_decoder
 from captioning.features.extract_callbacks import ItemsProgressBar, StoreWriter
+from captioning.features.extractor import STORE_DTYPES, FeatureExtractor
 from captioning.features.media_dataset import MediaDataset, MediaItem, VideoSampling, collate_media
 from captioning.store.feature_store import FeatureStore
 from captioning.store.layout import settings_diff
@@ -53,8 +57,6 @@ __all__ = ["ExtractSummary", "FeatureExtractor", "MediaDataset", "MediaItem", "S
            "collate_media", "default_workers", "run_extraction", "store_meta", "unique_items"]
 
 log = logging.getLogger("captioning.extract")
-
-STORE_DTYPES = ("float16", "float32")
 
 
 @dataclass
@@ -68,6 +70,9 @@ class ExtractSummary:
     seconds: float = 0.0
     features_dir: str = ""
     failures: list[str] = field(default_factory=list)  # "<id>: <path>: <error>" (first few, this rank)
+    # this rank: (seconds since its first batch was handed to the writer, items) as each batch was
+    # written: the job's rate at steady state without a host wait (captioning-bench extract-images)
+    written: list[tuple[float, int]] = field(default_factory=list, repr=False)
 
     @property
     def items_per_second(self) -> float:
@@ -75,103 +80,22 @@ class ExtractSummary:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("written")
         d["items_per_second"] = round(self.items_per_second, 2)
         return d
-
-
-# ------------------------------------------------------------------------------- LightningModule
-
-
-class FeatureExtractor(pl.LightningModule):
-    """Runs the frozen backbone on a decoded batch; ``predict_step`` -> per-item features [N, C].
-
-    Images: N = h*w (row-major grid).  Videos: ``pooled`` N = K (per-frame spatial mean) or
-    ``grid`` N = K*h*w (frame-major).  Frames are run through the backbone in chunks of at most
-    ``max_frames`` to bound memory.  A clip backbone (``backbone.is_clip_encoder``) runs the clip
-    of each real sampled frame instead (``max_frames // clip_length`` clips per chunk): ``pooled``
-    is its space-time mean, ``grid`` its time mean; padded positions are zeros.
-    """
-
-    def __init__(self, backbone: Backbone, preprocessing: Preprocessing, kind: str = "image",
-                 video_features: str = "pooled", dtype: str = "float16", max_frames: int = 256) -> None:
-        super().__init__()
-        if dtype not in STORE_DTYPES:
-            raise ConfigError(f"dtype={dtype!r} is not valid: use float16 | float32")
-        self.backbone = backbone
-        self.pre = preprocessing
-        self.kind = kind
-        self.video_features = video_features
-        self.out_dtype = torch.float16 if dtype == "float16" else torch.float32
-        self.max_frames = max_frames
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """uint8 [B, 3, S, S] -> grid [B, C, h, w] (float)."""
-        return self.backbone(self.pre.normalize(pixels))
-
-    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
-        out = {k: batch[k] for k in ("ids", "valid", "frame_indices", "failures", "num_items")}
-        pixels = batch["pixels"]
-        if not batch["ids"]:
-            out["features"] = []
-            return out
-        if getattr(self.backbone, "is_clip_encoder", False):
-            per_frame = self._clip_features(batch)  # [sum K, C] or [sum K, h*w, C]
-        else:
-            grids = [self(chunk) for chunk in torch.split(pixels, self.max_frames)]
-            grid = torch.cat(grids) if len(grids) > 1 else grids[0]  # [sum K, C, h, w]
-            if self.kind == "image":
-                feats = grid.flatten(2).transpose(1, 2).to(self.out_dtype)  # [B, h*w, C]
-                out["features"] = list(feats.cpu().unbind(0))
-                return out
-            if self.video_features == "pooled":
-                per_frame = grid.float().mean(dim=(2, 3))  # [sum K, C]
-            else:
-                per_frame = grid.flatten(2).transpose(1, 2)  # [sum K, h*w, C]
-        per_frame = per_frame.to(self.out_dtype).cpu()
-        feats = []
-        for chunk, real in zip(torch.split(per_frame, batch["counts"]), batch["real"], strict=True):
-            chunk = chunk.clone()
-            if real is not None and real < chunk.shape[0]:
-                chunk[real:] = 0  # short_video=pad: the padded frames' features are zeros
-            feats.append(chunk.reshape(-1, chunk.shape[-1]))  # [K, C] or [K*h*w, C]
-        out["features"] = feats
-        if self.video_features == "grid":  # the store counts valid positions, not frames
-            cells = per_frame.shape[1]
-            out["valid"] = [None if v is None else v * cells for v in batch["valid"]]
-        return out
-
-    def _clip_features(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The clip of every real sampled frame -> [sum K, C] or [sum K, h*w, C]; padding rows zero."""
-        frames = batch["clip_frames"].to(self.device, non_blocking=True)  # uint8 [sum U, 3, S, S]
-        rows, offset = [], 0
-        for index, n in zip(batch["clip_index"], batch["clip_counts"], strict=True):
-            rows.append(index.to(self.device) + offset)  # [K', L] into this batch's frames
-            offset += n
-        index = torch.cat(rows)  # [M, L], M = real clips in the batch
-        per_chunk = max(1, self.max_frames // index.shape[1])
-        parts = []
-        for part in torch.split(index, per_chunk):
-            clips = self.pre.normalize(frames[part]).permute(0, 2, 1, 3, 4).contiguous()  # [m, 3, L, S, S]
-            parts.append(self.backbone.clip_features(clips, self.video_features))
-        feats = torch.cat(parts) if len(parts) > 1 else parts[0]  # [M, C] or [M, h*w, C]
-        out = feats.new_zeros((sum(batch["counts"]), *feats.shape[1:]))
-        start, src = 0, 0
-        for k, index in zip(batch["counts"], batch["clip_index"], strict=True):
-            m = index.shape[0]
-            out[start:start + m] = feats[src:src + m]
-            start, src = start + k, src + m
-        return out
 
 
 # -------------------------------------------------------------------------------- datamodule
 
 
 class ExtractDataModule(pl.LightningDataModule):
-    """The items still to do: rank 0 reads the store's ``done_ids`` and broadcasts the list."""
+    """The items still to do: rank 0 reads the store's ``done_ids`` and broadcasts the list; rank r
+    takes every world_size-th of them from the r-th on.  ``jpeg_library``: None (the workers decode
+    every file) or the library that decodes the workers' encoded JPEGs on the device, ahead."""
 
     def __init__(self, items: Sequence[MediaItem], kind: str, preprocessing: Preprocessing,
                  video: VideoSampling | None, features_dir: str | Path, batch_size: int = 32,
-                 num_workers: int = 2, pin_memory: bool = False, encoded_jpegs: bool = False) -> None:
+                 num_workers: int = 2, pin_memory: bool = False, jpeg_library: str | None = None) -> None:
         super().__init__()
         self.items = list(items)
         self.kind = kind
@@ -181,9 +105,10 @@ class ExtractDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
-        self.encoded_jpegs = encoded_jpegs
+        self.jpeg_library = jpeg_library
         self.done: set[str] = set()
         self.todo: list[MediaItem] | None = None
+        self.mine: list[MediaItem] = []
 
     def setup(self, stage: str) -> None:
         todo: list[MediaItem] | None = None
@@ -194,26 +119,30 @@ class ExtractDataModule(pl.LightningDataModule):
         if self.trainer is not None and self.trainer.world_size > 1:
             todo, done = self.trainer.strategy.broadcast((todo, done), src=0)
         self.todo, self.done = todo, done
+        rank, ranks = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+        self.mine = list(todo or ())[rank::ranks]
         log.info("%d items: %d already in %s, %d to extract", len(self.items), len(self.items) - len(todo or ()),
                  self.features_dir, len(todo or ()))
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """The batch on ``device``; its encoded JPEGs (CPU bytes, as the decoder takes them) decoded there."""
-        if not isinstance(batch, dict) or not batch.get("encoded"):
-            return super().transfer_batch_to_device(batch, device, dataloader_idx)
-        moved = super().transfer_batch_to_device({k: v for k, v in batch.items() if k != "encoded"}, device,
-                                                 dataloader_idx)
-        return decode_on_device({**moved, "encoded": batch["encoded"]}, self.pre, device)
+        """The batch on ``device``: a batch decoded ahead is waited for by the device, not the host."""
+        if isinstance(batch, dict):
+            batch = wait_for(batch, device)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
-    def predict_dataloader(self) -> DataLoader:
+    def predict_dataloader(self) -> DataLoader | DecodeAhead:
         assert self.todo is not None, "setup() first"
-        ds = MediaDataset(self.todo, self.kind, self.pre, self.video, encoded_jpegs=self.encoded_jpegs)
-        return DataLoader(
+        ds = MediaDataset(self.mine, self.kind, self.pre, self.video, encoded_jpegs=self.jpeg_library is not None)
+        loader = DataLoader(
             ds, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
             collate_fn=collate_media, pin_memory=self.pin_memory,
             prefetch_factor=4 if self.num_workers > 0 else None,
             persistent_workers=False,
         )
+        if self.jpeg_library is None:
+            return loader
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        return DecodeAhead(loader, self.pre, device, library=self.jpeg_library)
 
 
 def stored_ids(features_dir: str | Path) -> set[str]:
@@ -277,13 +206,15 @@ def default_workers() -> int:
 def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, features_dir: str | Path, *,
                    trainer: dict[str, Any] | None = None, batch_size: int = 32, num_workers: int | None = None,
                    dtype: str = "float16", shard_size: int = 256, progress: bool = True,
-                   callbacks: Sequence[pl.Callback] = (), jpeg_decoder: str = "auto") -> ExtractSummary:
+                   callbacks: Sequence[pl.Callback] = (), jpeg_decoder: str = "auto",
+                   jpeg_library: str = "auto") -> ExtractSummary:
     """Extract features for ``items`` into the FeatureStore at ``features_dir`` (resumable).
 
     ``trainer``: ``pytorch_lightning.Trainer`` keyword arguments (accelerator, devices, strategy,
     precision, ...); ``num_workers``: None for ``default_workers()``; ``jpeg_decoder``: ``auto``
-    (nvjpeg on a CUDA device, else PIL in the workers), ``pil`` or ``nvjpeg``
-    (``captioning.features.device_decode``).  Returns the summary summed over ranks (same on every rank).
+    (nvjpeg on a CUDA device, else PIL in the workers), ``pil`` or ``nvjpeg``, with ``jpeg_library``'s
+    decoder (``captioning.features.device_decode``).  Returns the summary summed over ranks (same on
+    every rank; ``written``: this rank's).
     """
     num_workers = default_workers() if num_workers is None else num_workers
     if dtype not in STORE_DTYPES:
@@ -299,19 +230,22 @@ def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, fe
     progress = progress and kw.pop("enable_progress_bar", True)
     accelerator = str(kw.get("accelerator", "auto"))
     pin = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    on_device = resolve_jpeg_decoder(jpeg_decoder, kind, accelerator)
+    library = resolve_jpeg_decoder(jpeg_decoder, kind, accelerator, jpeg_library)
     meta = store_meta(backbone, kind, dtype)
     if not video:  # a record (stores compare settings, not decoders)
-        meta["image_decoder"] = "nvjpeg (baseline JPEGs), PIL (other files)" if on_device else "PIL"
+        meta["image_decoder"] = f"nvjpeg ({library}; baseline JPEGs), PIL (other files)" if library else "PIL"
     check_existing_meta(features_dir, meta)
     dm = ExtractDataModule(items, kind, pre, VideoSampling.from_encoder(cfg) if video else None, features_dir,
-                           batch_size=batch_size, num_workers=num_workers, pin_memory=pin, encoded_jpegs=on_device)
-    log.info("%d DataLoader workers; JPEGs decoded by %s", num_workers, "nvjpeg on the device" if on_device else "PIL")
+                           batch_size=batch_size, num_workers=num_workers, pin_memory=pin,
+                           jpeg_library=library)
+    log.info("%d DataLoader workers; JPEGs decoded by %s", num_workers,
+             f"nvjpeg on the device ({library})" if library else "PIL")
     writer = StoreWriter(features_dir, meta, shard_size=shard_size, dtype=dtype)
     cbs: list[pl.Callback] = [writer, *callbacks]
     if progress:
         cbs.append(ItemsProgressBar())
     module = FeatureExtractor(backbone, pre, kind=kind, video_features=cfg.video_features, dtype=dtype)
+    kw["use_distributed_sampler"] = False  # each rank takes its share itself (ExtractDataModule.setup)
     pl_trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_model_summary=False,
                             enable_progress_bar=progress, callbacks=cbs, inference_mode=True, **kw)
     pl_trainer.predict(module, datamodule=dm, return_predictions=False)
@@ -320,6 +254,7 @@ def run_extraction(items: Sequence[MediaItem], kind: str, backbone: Backbone, fe
         total=len(dm.items), skipped_done=len(dm.items) - len(dm.todo or ()),
         processed=totals.get("processed", 0), failed=totals.get("failed", 0),
         seconds=time.perf_counter() - start, features_dir=str(features_dir), failures=list(writer.failures),
+        written=list(writer.written),
     )
     if pl_trainer.is_global_zero:
         log.info("extraction done: %d processed, %d skipped as done, %d failed (of %d) in %.1fs (%.1f items/s) -> %s",

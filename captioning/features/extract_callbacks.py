@@ -1,22 +1,26 @@
 """The feature extraction job's Lightning callbacks: the store writer and the items progress bar.
 
-``StoreWriter(BasePredictionWriter)`` appends each rank's predictions to its own shards through
-``FeatureStoreWriter(rank=global_rank)`` after every batch and records failures; it keeps what an
-interrupted run finished.  ``ItemsProgressBar`` counts items, not batches, on global rank 0.  The job
-that wires them together: ``captioning.features.extract``.
+``StoreWriter`` hands each batch's features to a thread that writes them to this rank's shards
+through ``FeatureStoreWriter(rank=global_rank)`` and records failures, so that writing overlaps
+the forward of the next batches: on a GPU the thread, not the job, waits for a batch's copy to the
+host (its ``ready`` event), and the job waits for the thread only when ``queue_batches`` batches
+are waiting already.  It keeps what an interrupted run finished.  ``ItemsProgressBar`` counts
+items, not batches, on global rank 0.  The job that wires them together: ``captioning.features.extract``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+import queue
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import BasePredictionWriter, ProgressBar
+from pytorch_lightning.callbacks import ProgressBar
 
 from captioning.errors import StorageError
 from captioning.store.writer import FeatureStoreWriter
@@ -29,17 +33,20 @@ log = logging.getLogger("captioning.extract")
 # ------------------------------------------------------------------------------------ writer
 
 
-class StoreWriter(BasePredictionWriter):
-    """Writes every batch's features to this rank's shards (``FeatureStoreWriter(rank=global_rank)``).
+class StoreWriter(pl.Callback):
+    """Writes every batch's features to this rank's shards (``FeatureStoreWriter(rank=global_rank)``)
+    on a thread of its own (see the module docstring).
 
-    Skips ids written earlier by this rank (DistributedSampler padding) or before the run; failures
-    go to the store's failure list.  ``summary`` holds this rank's counts; after ``on_predict_end``
-    ``totals`` holds the counts summed over ranks.
+    Skips ids written earlier by this rank or before the run; failures go to the store's failure
+    list.  ``written`` holds (seconds since the first batch was handed over, items) when each batch
+    was in the store's writer; after ``on_predict_end`` ``totals`` holds the counts summed over ranks.
+    A killed job loses at most the writer's unfinished shard and the ``queue_batches`` batches
+    waiting for it.
     """
 
     def __init__(self, root: str | Path, meta: dict[str, Any], shard_size: int = 256,
-                 dtype: str = "float16", done_ids: set[str] | None = None) -> None:
-        super().__init__(write_interval="batch")
+                 dtype: str = "float16", done_ids: set[str] | None = None, queue_batches: int = 2) -> None:
+        super().__init__()
         self.root = str(root)
         self.meta = meta
         self.shard_size = shard_size
@@ -52,18 +59,49 @@ class StoreWriter(BasePredictionWriter):
         self.repeats = 0
         self.failures: list[str] = []
         self.totals: dict[str, int] = {}
+        self.written: list[tuple[float, int]] = []
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, queue_batches))
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._start = 0.0
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-
         dm = trainer.datamodule
         if dm is not None and isinstance(getattr(dm, "done", None), set):
             self.done_ids |= dm.done  # set up before the callbacks (Lightning's hook order)
         self.writer = FeatureStoreWriter(self.root, self.meta, rank=trainer.global_rank,
                                          shard_size=self.shard_size, dtype=self.dtype)
 
-    def write_on_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, prediction: Any,
-                           batch_indices: Sequence[int] | None, batch: Any, batch_idx: int,
-                           dataloader_idx: int = 0) -> None:
+    def on_predict_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                             batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self._thread is None:  # after the DataLoader's workers are forked
+            self._start = time.perf_counter()
+            self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+            self._thread.start()
+        while True:  # hand the batch over; the thread's error, if it stopped, instead
+            self._raise()
+            try:
+                self._queue.put(outputs, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while (prediction := self._queue.get()) is not None:
+            try:
+                self._write(prediction)
+            except BaseException as e:  # raised in the job by the next hand-over, or at the end
+                self._error = e
+                return
+
+    def _write(self, prediction: dict[str, Any]) -> None:
+        """One batch into the store (on the thread): its failures, then its features, as rows [N, C]."""
+        if prediction.get("ready") is not None:
+            prediction["ready"].synchronize()  # its copy to the host is complete
         for item_id, path, error in prediction["failures"]:
             if item_id in self.seen or item_id in self.done_ids:
                 self.repeats += 1
@@ -74,21 +112,35 @@ class StoreWriter(BasePredictionWriter):
             if len(self.failures) < 20:
                 self.failures.append(f"{item_id}: {path}: {error}")
             log.warning("failed %s (%s): %s", item_id, path, error)
-        for item_id, feats, valid, frames in zip(prediction["ids"], prediction["features"],
-                                                 prediction["valid"], prediction["frame_indices"], strict=True):
+        feats = prediction["features"]
+        for i, (item_id, valid, frames) in enumerate(zip(prediction["ids"], prediction["valid"],
+                                                         prediction["frame_indices"], strict=True)):
             if item_id in self.seen or item_id in self.done_ids:
                 self.repeats += 1
                 continue
             self.seen.add(item_id)
             skipped_before = self.writer.skipped
-            if self.writer.add(item_id, feats.numpy(), valid=valid, frame_indices=frames):
+            if self.writer.add(item_id, feats[i].numpy(), valid=valid, frame_indices=frames, copy=False):
                 self.processed += 1
-            elif self.writer.skipped > skipped_before:  # committed by another rank meanwhile (padding)
+            elif self.writer.skipped > skipped_before:  # committed by another rank meanwhile
                 self.repeats += 1
             else:  # non-finite features: the store recorded a failure
                 self.failed += 1
                 if len(self.failures) < 20:
                     self.failures.append(f"{item_id}: non-finite features")
+        self.written.append((time.perf_counter() - self._start, len(prediction["ids"])))
+
+    def _join(self) -> None:
+        """Let the thread write what it was handed and end."""
+        if self._thread is not None:
+            while self._thread.is_alive():
+                try:
+                    self._queue.put(None, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            self._thread.join()
+            self._thread = None
 
     def _close(self) -> None:
         if self.writer is not None:
@@ -96,6 +148,8 @@ class StoreWriter(BasePredictionWriter):
             self.writer = None
 
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._join()
+        self._raise()
         self._close()
         counts = torch.tensor([self.processed, self.failed, self.repeats], dtype=torch.long,
                               device=pl_module.device)
@@ -105,14 +159,18 @@ class StoreWriter(BasePredictionWriter):
         self.totals = {"processed": processed, "failed": failed, "repeats": repeats}
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        """Keep what an interrupted run finished (Ctrl-C, an error): the buffered items are committed
-        and resuming continues there, except after a shard that could not be written (a full disk):
-        writing it again would fail again, so it is dropped and the re-run extracts its items."""
+        """Keep what an interrupted run finished (Ctrl-C, an error): the batches handed over are written
+        and the unfinished shard committed, so resuming continues there, except after a shard that
+        could not be written (a full disk): writing it again would fail again, so it is dropped and
+        the re-run extracts its items."""
+        storage = isinstance(exception, StorageError) or isinstance(self._error, StorageError)
+        if not storage:
+            self._join()
         if self.writer is None:
             return
         writer, self.writer = self.writer, None
         try:
-            if isinstance(exception, StorageError):
+            if storage:
                 writer.abort()
             else:
                 writer.close()

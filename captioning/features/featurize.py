@@ -149,6 +149,8 @@ def featurize(backbone: Backbone, items: Sequence[tuple[str, str]], kind: str, *
             on_device = {**batch, "pixels": batch["pixels"].to(device, non_blocking=True)}
             with torch.inference_mode(), _autocast(device, precision):
                 out = extractor.predict_step(on_device, b)
+            if out["ready"] is not None:  # the features' copy to the host ([B, N, C])
+                out["ready"].synchronize()
             pixels = torch.split(batch["pixels"], batch["counts"])
             for k, item_id in enumerate(out["ids"]):
                 feats = out["features"][k]

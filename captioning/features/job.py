@@ -40,6 +40,7 @@ class ExtractConfig:
     batch_size: int = 32
     num_workers: int | None = None  # DataLoader workers; None: one per available core (at most 16)
     jpeg_decoder: str = "auto"  # auto (nvjpeg on a GPU, else PIL) | pil | nvjpeg: where JPEGs are decoded
+    jpeg_library: str = "auto"  # auto (torchcodec where it decodes on the GPU, else torchvision) | torchcodec | torchvision
     dtype: str = "float16"  # float16 | float32
     shard_size: int = 256
     limit: int | None = None  # only the first N unique items (smoke runs)
@@ -75,6 +76,6 @@ def extract(cfg: ExtractConfig) -> dict[str, Any]:
     summary = run_extraction(
         items, cfg.data.kind, backbone, cfg.features_dir, trainer=cfg.trainer.kwargs(predict=True),
         batch_size=cfg.batch_size, num_workers=cfg.num_workers, dtype=cfg.dtype, shard_size=cfg.shard_size,
-        jpeg_decoder=cfg.jpeg_decoder,
+        jpeg_decoder=cfg.jpeg_decoder, jpeg_library=cfg.jpeg_library,
     )
     return summary.to_dict()

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from captioning.data.jpeg import device_refusal, jpeg_info
+from captioning.data.jpeg import decodable_jpeg, device_refusal, jpeg_info
 from captioning.data.media import check_media_file, load_image
 from captioning.data.video import read_frames, sample_frame_indices, video_info
 from captioning.errors import ConfigError, DataError
@@ -118,11 +118,13 @@ class MediaDataset(Dataset):
 
     @staticmethod
     def _device_jpeg(path: str) -> torch.Tensor | None:
-        """The file's bytes (uint8 [n]) when a GPU decoder may decode it, else None (PIL decodes it)."""
-        data = np.fromfile(check_media_file(path, "image"), dtype=np.uint8)
-        if device_refusal(jpeg_info(data.data)) is not None:
+        """The file's bytes (uint8 [n]) as every decoder gets them (``decodable_jpeg``: its DataError
+        for a JPEG no decoder may decode) when a GPU decoder may decode them, else None (PIL decodes it)."""
+        p = check_media_file(path, "image")
+        data = decodable_jpeg(p.read_bytes(), p)
+        if device_refusal(jpeg_info(data)) is not None:
             return None
-        return torch.from_numpy(data)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
     def _image(self, path: str) -> torch.Tensor:
 

@@ -56,6 +56,24 @@ def shard_name(rank: int, seq: int) -> str:
     return f"r{rank:03d}-{seq:06d}"
 
 
+NPY_ALIGN = 64  # numpy pads a .npy header so that the data starts at a multiple of 64 bytes
+
+
+def npy_header(shape: Sequence[int], dtype: str, length: int | None = None) -> bytes:
+    """The .npy (format 1.0) header of a C-ordered array of ``shape`` and store ``dtype``: the bytes
+    ``np.save`` writes before the data, padded with spaces to ``length`` bytes (a multiple of 64;
+    default: numpy's own length).  A shard's rows are streamed before its row count is known
+    (``captioning.store.write_behind``) under a header of the full shard's length, which any
+    smaller count fits."""
+    text = f"{{'descr': '{np.dtype(DTYPES[dtype]).str}', 'fortran_order': False, 'shape': {tuple(shape)}, }}"
+    magic = b"\x93NUMPY\x01\x00"
+    need = len(magic) + 2 + len(text) + 1
+    length = -(-need // NPY_ALIGN) * NPY_ALIGN if length is None else length
+    if length < need or length % NPY_ALIGN or length - len(magic) - 2 > 0xFFFF:
+        raise ValueError(f"a .npy header of shape {tuple(shape)} needs {need} bytes, not {length}")
+    return magic + (length - len(magic) - 2).to_bytes(2, "little") + (text.ljust(length - len(magic) - 3) + "\n").encode()
+
+
 # ------------------------------------------------------------------------------------ meta
 
 

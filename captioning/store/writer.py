@@ -4,7 +4,13 @@ Commit protocol: a shard's data file (and boxes file) is written under a tempora
 and renamed; only then is its index written (also temp + rename).  **A shard exists only when its index
 exists**, so a job killed at any point (or a full disk) never leaves a visible partial shard;
 data files without an index and temporary files are ignored by readers and deleted by the next
-writer of that rank.  Every rank (DDP process) writes only its own files (``r{rank}-*``,
+writer of that rank.
+
+At the disk's speed: ``add`` copies an item into the shard's staging array (one pass over its bytes,
+its finiteness read from the copy's exponent bits) and a thread streams the filled rows to the
+shard's file in large sequential writes and commits it (``captioning.store.write_behind``): one
+fsync per data file, none per item.  At most one shard is uncommitted: the first item of a shard
+waits until the shard before it is committed, so a killed job loses at most its unfinished shard.  Every rank (DDP process) writes only its own files (``r{rank}-*``,
 ``failures/r{rank}.jsonl``); the store is the union over ranks.  A per-rank lock file refuses a
 second live writer with the same rank.  The files: ``captioning.store.layout``.
 
@@ -42,23 +48,26 @@ from captioning.store.layout import (
     read_meta,
     shard_name,
 )
-from captioning.utils.io import atomic_write, atomic_write_json
+from captioning.store.write_behind import Shard, WriteBehind
+from captioning.utils.io import atomic_write_json
 from captioning.utils.locks import ExclusiveLock
 
 log = logging.getLogger(__name__)
 
+CHUNK_BYTES = 8 << 20  # bytes per sequential write of a shard's rows
+# per store dtype: its bits as unsigned and as signed integers, and where infinity starts (sign bit
+# clear: +inf; set: -inf): NaN and infinity are the values whose exponent bits are all ones
+_BITS = {"float16": (np.uint16, np.int16, 0x7C00, 0xFC00), "float32": (np.uint32, np.int32, 0x7F800000, 0xFF800000)}
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+
+def all_finite(row: np.ndarray, dtype: str) -> bool:
+    """Whether every value of a C-contiguous ``row`` of store ``dtype`` is finite, from its bits alone
+    (two integer maxima, no temporary): as signed integers the positive values come last, and +inf
+    and every NaN without a sign bit are at least +inf's bits; as unsigned integers the negative ones
+    come last, and -inf and every NaN with a sign bit are at least -inf's bits."""
+    unsigned, signed, positive, negative = _BITS[dtype]
+    bits = row.view(unsigned)
+    return bool(bits.max(initial=0) < negative and bits.view(signed).max(initial=0) < positive)
 
 
 class FeatureStoreWriter:
@@ -68,7 +77,7 @@ class FeatureStoreWriter:
     (image|video), ``positions`` N, ``dim`` C, ``grid`` [H, W] or None, optional ``frames`` K,
     ``boxes`` (true: every item comes with the pixel box of each region) and ``dtype`` (float16
     default | float32; or pass ``dtype=``).  Use as a context manager or call
-    ``close()``: rows still buffered are lost if the process dies before the next shard commit.
+    ``close()``: the items of the unfinished shard are lost if the process dies before it is committed.
     """
 
     def __init__(self, root: str | Path, meta: Mapping[str, Any], *, rank: int = 0, shard_size: int = 256,
@@ -105,8 +114,13 @@ class FeatureStoreWriter:
             self._lock.release()
             raise
         self._added: set[str] = set()
-        # (id, features [N, C], valid, frame indices, boxes [N, 4] | None, image size (W, H) | None)
-        self._buffer: list[tuple[str, np.ndarray, int, list[int] | None, np.ndarray | None, list[int] | None]] = []
+        self._staging: np.ndarray | None = None  # [shard_size, N, C] copies of the shard's rows, reused
+        self._box_staging: np.ndarray | None = None  # [shard_size, N, 4] float32 (boxed stores)
+        # per row of the shard being filled: id, valid, frame indices, image size (W, H) | None
+        self._rows: list[tuple[str, int, list[int] | None, list[int] | None]] = []
+        self._io = WriteBehind(max(1, CHUNK_BYTES // (self.positions * self.dim * np.dtype(self._np_dtype).itemsize)))
+        self._shard: Shard | None = None  # the shard being filled (begun on the thread), or None
+        self._failed: StorageError | None = None  # a shard that could not be written, until flush() succeeds
         self._failure_file: IO[str] | None = None
         self.committed = 0  # items this writer committed to shards
         self.skipped = 0  # add() calls ignored because the id was already stored/added
@@ -159,15 +173,20 @@ class FeatureStoreWriter:
 
     def add(self, item_id: str, features: Any, valid: int | None = None,
             frame_indices: Sequence[int] | None = None, boxes: Any = None,
-            image_size: Sequence[int] | None = None) -> bool:
-        """Buffer one item's features [N, C]; a full buffer is committed as a shard.
+            image_size: Sequence[int] | None = None, copy: bool = True) -> bool:
+        """Add one item's features [N, C] to the shard being filled; a full shard is committed (by the
+        write-behind thread) and the next item waits until it is.
+
+        ``copy=False``: keep ``features`` itself when it is a C-contiguous array of the store's dtype,
+        not a copy of it (one pass less over its bytes); the caller must not change it until its
+        shard is committed (``committed`` counts it, or ``flush``/``close`` returned).
 
         ``boxes`` (stores with meta ``boxes`` only, and required there): [valid, 4] (or [N, 4])
         pixel boxes (x1, y1, x2, y2) of the real positions; ``image_size``: (W, H) of their image.
         Returns False (and stores nothing) when ``item_id`` was already committed before this
         writer started or already added to it, or when its features are not finite (recorded as
-        a failure).  Raises DataError for a wrong shape/valid count/boxes and when a shard cannot
-        be written (the items already committed stay intact).
+        a failure).  Raises DataError for a wrong shape/valid count/boxes, and StorageError when a
+        shard could not be written (the items already committed stay intact; ``flush`` tries again).
         """
         self._check_open()
         if not isinstance(item_id, str):
@@ -179,9 +198,9 @@ class FeatureStoreWriter:
         if arr.shape != (self.positions, self.dim):
             raise DataError(f"features of item {item_id!r} have shape {list(arr.shape)} but the store at "
                             f"{self.root} holds [{self.positions}, {self.dim}] (positions, dim) per item")
-        with np.errstate(over="ignore", invalid="ignore"):
-            row = np.array(arr, dtype=self._np_dtype, order="C", copy=True)
-        if not np.isfinite(row).all():
+        self._raise_failed()
+        row = self._stage_row(arr, copy)
+        if not all_finite(row, self.dtype):
             why = ("NaN/inf values" if not np.isfinite(arr).all()
                    else f"values beyond the {self.dtype} range (use dtype=float32)")
             self.add_failure(item_id, "", f"features contain {why}")
@@ -197,11 +216,46 @@ class FeatureStoreWriter:
             size = [int(x) for x in image_size]
             if len(size) != 2 or min(size) < 1:
                 raise DataError(f"item {item_id!r}: image_size={list(image_size)} must be (W, H) in pixels, both >= 1")
-        self._buffer.append((item_id, row, int(v), frames, box_rows, size))
+        if box_rows is not None:
+            assert self._box_staging is not None
+            self._box_staging[len(self._rows)] = box_rows
+        assert self._shard is not None
+        self._shard.rows.append(row)
+        self._rows.append((item_id, int(v), frames, size))
         self._added.add(item_id)
-        if len(self._buffer) >= self.shard_size:
-            self.flush()
+        n = len(self._rows)
+        if n == self.shard_size:
+            self._finish()
+        elif n % self._io.chunk_rows == 0:
+            self._io.ready(n)
         return True
+
+    def _stage_row(self, arr: np.ndarray, copy: bool) -> np.ndarray:
+        """The next row of the shard being filled (begun here when it is the shard's first row: after
+        the shard before it is committed): ``arr`` [N, C] itself (``copy=False``, when it is laid out
+        as the store's rows are) or its copy in the staging array."""
+        if self._shard is None or self._shard.index:  # none yet, or the last one is complete
+            self._begin()
+        if not copy and arr.dtype == self._np_dtype and arr.flags.c_contiguous:
+            return arr
+        if self._staging is None:
+            self._staging = np.empty((self.shard_size, self.positions, self.dim), dtype=self._np_dtype)
+        row = self._staging[len(self._rows)]
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.copyto(row, arr, casting="unsafe")
+        return row
+
+    def _begin(self) -> None:
+        """Start a shard on the write-behind thread; the staging arrays are made at the first."""
+        self._raise_failed()
+        self._await_commit()
+        if self.boxes and self._box_staging is None:
+            self._box_staging = np.zeros((self.shard_size, self.positions, 4), dtype=np.float32)
+        name = shard_name(self.rank, self._next_seq)
+        self._shard = Shard(self.shards_dir / f"{name}.npy", self.shards_dir / f"{name}.index.json", self.shard_size,
+                            (self.positions, self.dim), self.dtype,
+                            self.shards_dir / f"{name}.boxes.npy" if self.boxes else None, self._box_staging)
+        self._io.begin(self._shard)
 
     def _box_rows(self, item_id: str, boxes: Any, valid: int) -> np.ndarray | None:
         """``boxes`` as float32 [N, 4] (zeros past ``valid``), checked against the store's meta."""
@@ -237,50 +291,67 @@ class FeatureStoreWriter:
         except OSError as e:
             raise DataError(f"cannot append to the failure list {path_}: {e}") from e
 
-    def flush(self) -> None:
-        """Commit the buffered items as one shard now (data file first, then its index)."""
-        self._check_open()
-        if not self._buffer:
-            return
-        name = shard_name(self.rank, self._next_seq)
-        data_path = self.shards_dir / f"{name}.npy"
-        index_path = self.shards_dir / f"{name}.index.json"
-        data = np.stack([b[1] for b in self._buffer])  # [n, N, C]
+    def _index(self) -> dict[str, Any]:
+        """The index of the shard being filled, as its rows are now."""
+        assert self._shard is not None
         index = {
-            "format_version": FORMAT_VERSION, "shard": data_path.name, "rank": self.rank, "seq": self._next_seq,
-            "rows": len(self._buffer), "shape": list(data.shape), "dtype": self.dtype,
-            "ids": [b[0] for b in self._buffer], "valid": [b[2] for b in self._buffer],
-            "frame_indices": [b[3] for b in self._buffer],
+            "format_version": FORMAT_VERSION, "shard": self._shard.data_path.name, "rank": self.rank,
+            "seq": self._next_seq, "rows": len(self._rows), "shape": [len(self._rows), self.positions, self.dim],
+            "dtype": self.dtype, "ids": [r[0] for r in self._rows], "valid": [r[1] for r in self._rows],
+            "frame_indices": [r[2] for r in self._rows],
         }
-        boxes_path = self.shards_dir / f"{name}.boxes.npy"
         if self.boxes:
-            index["boxes"] = boxes_path.name
-            index["image_size"] = [b[5] for b in self._buffer]
+            assert self._shard.boxes_path is not None
+            index["boxes"] = self._shard.boxes_path.name
+            index["image_size"] = [r[3] for r in self._rows]
+        return index
 
-        def saver(array: np.ndarray) -> Any:
-            def save(tmp: Path) -> None:
-                with open(tmp, "wb") as f:
-                    np.save(f, array)
-            return save
+    def _finish(self) -> None:
+        """The shard being filled is complete: the thread commits it (``_await_commit`` learns how it went)."""
+        self._io.finish(len(self._rows), self._index())
 
+    def _await_commit(self) -> None:
+        """Wait for the shard on the thread; a committed one is counted and its rows let go, a failed one
+        kept (``flush`` writes it again) and raised as a StorageError naming its file."""
+        if self._shard is None:
+            return
+        shard = self._shard
         try:
-            atomic_write(data_path, saver(data))
-            if self.boxes:
-                atomic_write(boxes_path, saver(np.stack([b[4] for b in self._buffer])))  # [n, N, 4]
-            atomic_write_json(index_path, index, indent=None)  # the commit point
+            self._io.wait()
         except OSError as e:
-            data_path.unlink(missing_ok=True)  # without an index it is invisible anyway
-            boxes_path.unlink(missing_ok=True)
             reason = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-            raise StorageError(
-                f"cannot write feature shard {data_path}: {reason}; free space or fix the folder and re-run: "
-                f"the {self.committed} items this writer committed before are kept and the re-run skips them"
-            ) from e
-        _fsync_dir(self.shards_dir)
-        self._index_cache[index_path.name] = list(index["ids"])
+            self._failed = StorageError(
+                f"cannot write feature shard {shard.data_path}: {reason}; free space or fix the folder and re-run: "
+                f"the {self.committed} items this writer committed before are kept and the re-run skips them")
+            self._failed.__cause__ = e
+            raise self._failed from e
+        self._index_cache[shard.index_path.name] = list(shard.index["ids"])
         self._next_seq += 1
-        self.committed += len(self._buffer)
-        self._buffer = []
+        self.committed += len(self._rows)
+        self._rows = []
+        self._shard = None
+
+    def _raise_failed(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+
+    def flush(self) -> None:
+        """Commit the buffered items as one shard now and wait until it is committed (data file first,
+        then its index); a shard that failed before is written again."""
+        self._check_open()
+        if self._shard is None:
+            return
+        if self._failed is not None:  # written again, from its first row
+            self._failed = None
+            self._io.begin(self._shard)
+            self._finish()
+        elif not self._rows:  # begun for an item that was then refused: nothing to commit
+            self._io.abort()
+            self._shard = None
+            return
+        elif not self._shard.index:
+            self._finish()
+        self._await_commit()
 
     def close(self) -> None:
         """Commit the buffered items, close the failure file and release the rank lock (idempotent)."""
@@ -290,6 +361,8 @@ class FeatureStoreWriter:
             self.flush()
         finally:
             self.closed = True
+            self._io.abort()  # nothing in flight after a flush; after a failed one, its temp file goes
+            self._io.close()
             if self._failure_file is not None:
                 with contextlib.suppress(OSError):
                     self._failure_file.close()
@@ -298,7 +371,8 @@ class FeatureStoreWriter:
 
     def abort(self) -> None:
         """Drop the buffered (uncommitted) items and release the lock, as if the process had died."""
-        self._buffer = []
+        self._io.abort()
+        self._rows, self._shard, self._failed = [], None, None
         self.close()
 
     def _check_open(self) -> None:
@@ -307,7 +381,8 @@ class FeatureStoreWriter:
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        """Items added and not yet committed (at most ``shard_size``)."""
+        return len(self._rows)
 
     def __enter__(self) -> FeatureStoreWriter:
         return self

@@ -10,7 +10,10 @@ are reused by a run of the same shape (``--rebuild`` writes them again).
 
 Stages (``--skip`` any), each printing its JSON lines as soon as they are measured:
 
-- ``build``: store write rate vs the disk's sequential write (dd-like, same run);
+- ``build``: the store and the split file written (the build's rate), the disk's sequential write (dd-like);
+- ``write``: the store writer alone (``FeatureStoreWriter``, one shard of distinct items cycled) vs a
+  plain sequential write of the same bytes, alternated, in ``--write-root`` (tmpfs, ``/dev/shm``,
+  shows the writer's own cost; a disk, how close it comes to the disk);
 - ``disk``: the disk's random-read limit at one item per read (cold and warm page cache, 1..max
   workers readers);
 - ``annotations``: reading the split file, building the vocabulary, setting up the data module;
@@ -37,7 +40,7 @@ from typing import Any
 
 __all__ = ["STAGES", "add_arguments", "run"]
 
-STAGES = ("build", "disk", "annotations", "decoder", "loader", "memory", "ddp", "evaluate", "extract")
+STAGES = ("build", "write", "disk", "annotations", "decoder", "loader", "memory", "ddp", "evaluate", "extract")
 
 
 def _ints(text: str) -> list[int]:
@@ -70,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--read-items", type=int, default=3000, help="blocks read per random-read limit")
     parser.add_argument("--disk-write-gb", type=float, default=2.0, help="dd-like sequential write size")
     parser.add_argument("--keep-free-gb", type=float, default=20.0, help="disk space the store must leave free")
+    parser.add_argument("--write-items", type=int, default=6000, help="items of the write stage")
+    parser.add_argument("--write-root", default=None, help="the write stage's folder (default: <root>/write)")
+    parser.add_argument("--write-repeats", type=int, default=5, help="alternated rounds of the write stage")
     parser.add_argument("--memory-items", type=int, default=10000, help="the small store of the memory stage")
     parser.add_argument("--memory-batches", type=int, default=0, help="batches per memory probe (0: one epoch)")
     parser.add_argument("--memory-workers", type=int, default=2)

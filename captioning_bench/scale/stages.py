@@ -31,7 +31,7 @@ from captioning.store.feature_store import FeatureStore
 from captioning.train.module import CaptioningModule
 from captioning.utils.io import atomic_write_json, read_json
 from captioning_bench import train as train_bench
-from captioning_bench.scale import disk, loading, synthetic
+from captioning_bench.scale import disk, loading, synthetic, write
 from captioning_bench.scale.process_stages import ProcessStages
 
 GB = 1e9
@@ -149,16 +149,36 @@ class Scale(ProcessStages):
         records = [
             self.record("disk_sequential_write", "MB/s", round(seq["mb_per_s"], 1), bytes=seq["bytes"],
                         seconds=round(seq["seconds"], 2), note="8 MiB writes of random data, then fsync"),
-            self.record("store_write", "MB/s", round(written["data_bytes"] / 1e6 / written["write_s"], 1),
-                        limit=round(seq["mb_per_s"], 1), items_per_s=_rate(self.total, written["write_s"]),
-                        data_bytes=written["data_bytes"], expected_data_bytes=self.total * self.item_bytes,
-                        index_bytes=written["index_bytes"], shards=written["shards"],
-                        seconds=round(written["write_s"], 1), random_draw_s=round(written["draw_s"], 1),
-                        note="FeatureStoreWriter.add + shard commits (fsync) of random fp16; drawing them not counted"),
+            self.record("store_build", "MB/s", round(written["data_bytes"] / 1e6 / written["seconds"], 1),
+                        items_per_s=_rate(self.total, written["seconds"]), data_bytes=written["data_bytes"],
+                        expected_data_bytes=self.total * self.item_bytes, index_bytes=written["index_bytes"],
+                        shards=written["shards"], seconds=round(written["seconds"], 1),
+                        random_draw_s=round(written["draw_s"], 1),
+                        note="the store built: random fp16 drawn (draw_s) and written by FeatureStoreWriter, whose "
+                             "thread writes while the next items are drawn; the writer alone: store_write"),
             self.record("split_file", "captions", ann["captions"], **ann),
         ]
         atomic_write_json(saved, {"spec": self._spec(), "records": records})
         yield from records
+
+    # ------------------------------------------------------------------ write
+    def write(self) -> Iterator[dict[str, Any]]:
+        """The store writer vs a plain sequential write of the same bytes in ``--write-root`` (alternated;
+        fewer items than ``--write-items`` where the folder has not the room for them: ``requested``)."""
+        a = self.args
+        folder = Path(a.write_root) if a.write_root else self.root / "write"
+        folder.mkdir(parents=True, exist_ok=True)
+        items = max(1, min(a.write_items, int(0.8 * shutil.disk_usage(folder).free / self.item_bytes)))
+        r = write.compare(folder, items, self.positions, self.dim, a.write_repeats, a.seed)
+        common = {"write_items": items, "requested": a.write_items, "folder": str(folder),
+                  "filesystem": r["filesystem"], "tmpfs": r["filesystem"] == "tmpfs", "repeats": a.write_repeats,
+                  "rounds": r["rounds"]}
+        for name, key, speed, how in (("store_write", "ratio", "store_mb_per_s", "add(copy=False), as extraction"),
+                                      ("store_write_copied", "copied_ratio", "copied_mb_per_s", "add copying each item")):
+            m = r["store" if key == "ratio" else "copied"]
+            yield self.record(name, "MB/s", m[speed], limit=m["plain_mb_per_s"], ratio=m[key], **common,
+                              note=f"FeatureStoreWriter, {how}, shard commits with their fsyncs, close; limit: the "
+                                   f"same bytes in 8 MiB writes + fsync, same folder; the round of the median ratio")
 
     # ------------------------------------------------------------------ disk
     def _blocks(self, n: int, seed: int) -> list[tuple[str, int]]:
@@ -339,9 +359,11 @@ class Scale(ProcessStages):
         # imported here: the backbones (timm) serve this stage only
         from captioning_bench import extract_images as extract_bench
 
-        a = argparse.Namespace(device=self.args.device, num_images=self.args.extract_images, batch_size=32,
-                               workers=2, encoder="efficientnet_lite0", weights="packaged", image_size=224,
-                               src_size="640x480", precision=None)
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--device")
+        extract_bench.add_arguments(parser)
+        a = parser.parse_args(["--device", self.args.device, "--num-images", str(self.args.extract_images),
+                               "--batch-size", "32", "--workers", "2", "--skip-fold"])
         r = {x["name"]: x for x in extract_bench.run(a)}
         job = r["extract_images/job_throughput"]["value"]
         fwd = r["extract_images/forward_throughput"]["value"]
