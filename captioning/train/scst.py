@@ -38,7 +38,7 @@ from captioning.errors import ConfigError
 from captioning.metrics.cider import CiderD
 from captioning.models.decoding import banned_tokens
 from captioning.models.sampling import SampleBatch, sample
-from captioning.train.compiled import fixed_shapes
+from captioning.train.compiled import compiled, fixed_shapes
 
 __all__ = ["ScstConfig", "SelfCritical", "leave_one_out_baseline", "scst_surrogate"]
 
@@ -97,17 +97,17 @@ class SelfCritical:
         are left out."""
         cfg, items = self.cfg, batch.index.tolist()
         feats, mask, tokens = batch.features, batch.mask, batch.tokens
-        compiled = module.compile_mode() is not None
-        if compiled:
+        fixed = module.compile_mode() is not None  # one graph per shape: the batch padded to the run's shape
+        if fixed:
             feats, mask, tokens = fixed_shapes(feats, mask, tokens, *module.batch_shape(), module.settings.max_length + 2,
                                                pad=self.vocab.pad)
             if module.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()  # this step's graph outputs are new tensors
         base = None
         if cfg.baseline == "greedy":  # Rennie et al.: the reward of test-time inference
-            base = self.rewards(self.greedy_words(module, feats, mask, compiled)[: len(items)], items, module.device)
+            base = self.rewards(self.greedy_words(module, feats, mask, fixed)[: len(items)], items, module.device)
             base = base.repeat_interleave(cfg.samples)
-        drawn, xe = self.draw(module, feats, mask, tokens, compiled)
+        drawn, xe = self.draw(module, feats, mask, tokens, fixed)
         real = len(items) * cfg.samples  # the rows of the batch's items
         rewards = self.rewards(drawn.words(self.vocab.eos)[:real], [i for i in items for _ in range(cfg.samples)],
                                module.device)
@@ -137,12 +137,12 @@ class SelfCritical:
         return dict(max_length=self.cfg.max_length, bos=v.bos, eos=v.eos, banned=banned_tokens(decoder, v.bos, v.eos,
                                                                                                v.unk), attention=False)
 
-    def greedy_words(self, module: Any, feats: Tensor, mask: Tensor | None, compiled: bool) -> list[list[int]]:
-        """The greedy caption of every row (eval mode, no grad)."""
+    def greedy_words(self, module: Any, feats: Tensor, mask: Tensor | None, fixed: bool) -> list[list[int]]:
+        """The greedy caption of every row (eval mode, no grad; compiled when ``fixed``)."""
         decoder = module.decoder
-        greedy = functools.partial(sample, decoder, greedy=True, min_length=0, fixed_length=compiled,
+        greedy = functools.partial(sample, decoder, greedy=True, min_length=0, fixed_length=fixed,
                                    **self._options(decoder))
-        if compiled:
+        if fixed:
             self._greedy = self._greedy or compiled(greedy, module.compile_mode())
             greedy = self._greedy
         decoder.eval()
@@ -151,11 +151,11 @@ class SelfCritical:
         decoder.train()
         return words
 
-    def draw(self, module: Any, feats: Tensor, mask: Tensor | None, tokens: Tensor, compiled: bool
+    def draw(self, module: Any, feats: Tensor, mask: Tensor | None, tokens: Tensor, fixed: bool
              ) -> tuple[SampleBatch, Tensor | None]:
         """``scst.samples`` captions per row and, with ``scst.xe_weight``, the cross-entropy of the
-        rows' reference captions."""
-        if compiled:
+        rows' reference captions (compiled when ``fixed``)."""
+        if fixed:
             self._policy = self._policy or compiled(functools.partial(self._forward, module, True),
                                                     module.compile_mode())
             return self._policy(feats, mask, tokens)
