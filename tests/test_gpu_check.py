@@ -28,8 +28,8 @@ import gpu_check  # noqa: E402  (scripts/ is no package)
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 STAGES = {
     "train": ["setup", "tests-train", "tests-train-figures", "bench-train-cli", "generate", "extract", "train-gpu",
-              "train-gpu-figures", "eval-cpu", "eval-gpu-fp32", "compare-fp32", "train-scst", "train-scst-figures",
-              "targets"],
+              "train-gpu-figures", "train-scst", "train-scst-figures", "eval-cpu", "eval-gpu-fp32", "compare-fp32",
+              "bench-train-cli-2048", "targets"],
     "extract": ["setup", "tests-extract", "tests-extract-figures", "bench-extract-images", "bench-store-write-disk",
                 "bench-store-write-tmpfs", "bench-extract-videos", "bench-extract-images-torchvision", "targets"],
 }
