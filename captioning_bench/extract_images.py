@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoder", default="efficientnet_lite0", help="registry key or timm:<name>")
     parser.add_argument("--weights", default="packaged", help="packaged | pretrained | none | path")
     parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--layer", default=None,
+                        help="encoder.layer (EfficientNet-Lite0: -2, the stride-16 stage; default: the last stage)")
     parser.add_argument("--src-size", default="640x480", help="WxH of the generated JPEGs")
     parser.add_argument("--precision", default=None, help="Lightning precision (default: bf16-mixed on cuda, 32-true on cpu)")
 
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     device = torch.device("cuda" if args.device == "cuda" else "cpu")
     precision = args.precision or ("bf16-mixed" if device.type == "cuda" else "32-true")
     w, h = (int(v) for v in args.src_size.lower().split("x"))
-    encoder = EncoderConfig(name=args.encoder, weights=args.weights, image_size=args.image_size)
+    encoder = EncoderConfig(name=args.encoder, weights=args.weights, image_size=args.image_size, layer=args.layer)
     backbone = build_backbone(encoder)  # the job folds its batch norms (Backbone.for_inference)
     tmp = Path(tempfile.mkdtemp(prefix="bench-extract-"))
     try:
@@ -129,7 +131,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             batch_size=args.batch_size, num_workers=args.workers, progress=False, callbacks=[clock],
             jpeg_decoder=args.jpeg_decoder,
         )
-        decoder = FeatureStore.open(tmp / "features").meta.get("image_decoder")
+        meta = FeatureStore.open(tmp / "features").meta
+        decoder = meta.get("image_decoder")
         if summary.failed:
             raise RuntimeError(f"{summary.failed} generated images failed: {summary.failures[:3]}")
         job_wall = summary.processed / summary.seconds
@@ -149,7 +152,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rss_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / scale
     common = {"device": args.device, "encoder": args.encoder, "batch_size": args.batch_size,
               "workers": default_workers() if args.workers is None else args.workers, "num_images": args.num_images,
-              "image_size": args.image_size, "src_size": args.src_size, "precision": precision,
+              "image_size": args.image_size, "layer": args.layer, "grid": meta.get("grid"), "dim": meta.get("dim"),
+              "src_size": args.src_size, "precision": precision,
               "jpeg_decoder": decoder}
     return [
         {"name": "extract_images/ratio", "unit": "x", "value": round(job_steady / fwd, 3),
