@@ -190,3 +190,16 @@ def test_the_extraction_benchmark_reports_the_fold_against_the_network_as_built(
     assert fold["folded_norms"] == 49 and fold["value"] > 0
     assert abs(fold["value"] - fold["forward_items_per_s"] / fold["unfolded_items_per_s"]) < 0.01  # rounding
     assert records["extract_images/ratio"]["forward_items_per_s"] == fold["forward_items_per_s"]
+    assert (fold["grid"], fold["dim"], fold["layer"]) == ([2, 2], 1280, None)
+
+
+def test_the_extraction_benchmark_times_the_layer_it_is_given(tmp_path):
+    import json
+
+    from captioning_bench.cli import main
+
+    out = tmp_path / "bench.jsonl"
+    assert main(["extract-images", "--device", "cpu", "--num-images", "4", "--batch-size", "4", "--image-size", "64",
+                 "--layer", "-2", "--weights", "none", "--workers", "0", "--src-size", "80x60", "--output", str(out)]) == 0
+    ratio = next(r for r in map(json.loads, out.read_text().splitlines()) if r["name"] == "extract_images/ratio")
+    assert (ratio["grid"], ratio["dim"], ratio["layer"]) == ([4, 4], 112, "-2")  # the stride-16 stage

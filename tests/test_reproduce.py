@@ -15,19 +15,28 @@ import pytest
 from conftest import REPO
 
 from captioning.errors import ConfigError
-from captioning_reproduce.catalogue import Claim, load_catalogue, load_protocol
+from captioning_reproduce.catalogue import (
+    REPRODUCE_CONF,
+    Claim,
+    claims_of,
+    load_catalogue,
+    load_protocol,
+)
 from captioning_reproduce.report import claim_values, t_interval, verdict, write_report
 from captioning_reproduce.runner import Runner, needed
 
 CATALOGUE = load_catalogue()
+PROTOCOL_FILES = sorted(p.stem for p in REPRODUCE_CONF.glob("*.yaml") if p.stem not in ("catalogue", "demo_grid",
+                                                                                          "defaults_study"))
 
 
 def test_catalogue_and_protocols_load_and_agree():
     assert {c.id for c in CATALOGUE.claims if c.headline} == {
         "soft_beats_mean_pool_cider_14x14", "soft_beats_mean_pool_binding_14x14", "pointing_14x14",
         "event_order_224", "mean_pool_at_chance_order_224"}
-    used = {v for c in CATALOGUE.claims for v in c.variants}
-    assert used == set(CATALOGUE.variants)  # every variant serves a claim
+    own = [c for name in PROTOCOL_FILES for c in claims_of(CATALOGUE, load_protocol(name)) if load_protocol(name).claims]
+    used = {v for c in [*CATALOGUE.claims, *own] for v in c.variants}
+    assert used == set(CATALOGUE.variants)  # every variant serves a claim of the catalogue or of a protocol
     dev, conf = load_protocol("development"), load_protocol("confirmation")
     assert dev.data_seeds == {"headline": [0], "other": [0]}
     assert len(conf.data_seeds["headline"]) >= 5 and len(conf.data_seeds["other"]) >= 3
@@ -44,6 +53,21 @@ def test_a_catalogue_naming_an_unknown_store_or_variant_is_one_line(tmp_path):
     bad.write_text("stores: {}\nvariants: {}\nclaims: [{id: c, text: t, rule: beats, a: x, b: y, metric: CIDEr}]\n")
     with pytest.raises(ConfigError, match="claim c names variant 'x'"):
         load_catalogue(bad)
+
+
+def test_the_defaults_confirmation_is_fresh_and_trains_the_defaults():
+    """Fixed before its runs: data seeds no other protocol or study used, the study's budget, and a
+    variant that overrides nothing of the encoder's and the decoder's defaults."""
+    protocol = load_protocol("defaults_confirmation")
+    seeds = set(protocol.data_seeds["headline"]) | set(protocol.data_seeds["other"])
+    others = {s for name in PROTOCOL_FILES if name != "defaults_confirmation"
+              for k in ("headline", "other") for s in load_protocol(name).data_seeds[k]}
+    assert len(protocol.data_seeds["headline"]) >= 5 and not seeds & (others | {11, 12})
+    defaults = CATALOGUE.variants["defaults_soft"]
+    assert defaults.store.extract == ("encoder=efficientnet_lite0",) and defaults.overrides == ("model=soft_attention",)
+    assert (protocol.budget["hidden"], protocol.budget["lr"], protocol.budget["images"], defaults.epochs) == (128, 2e-3, 3000, 4)
+    plan = needed(CATALOGUE, protocol)
+    assert sorted(plan) == [13, 14, 15, 16, 17] and [v.name for v in plan[13]] == ["defaults_soft", "before_defaults_soft"]
 
 
 def test_the_plan_runs_headline_claims_first_on_their_seeds():

@@ -141,6 +141,22 @@ def test_the_page_names_no_external_resource(tmp_path):
     assert re.findall(r'(?:src|href)="([^"]+)"', html) == ["viewer.css", "viewer.js", "data/index.js"]
 
 
+def test_the_page_names_the_runs_files_relative_to_its_folder(tmp_path):
+    """No path of the machine a viewer was written on reaches its files (docs/img/viewer.jpg once
+    showed one): the runs' files are named relative to viewer/, so a copied folder still names them."""
+    out = tmp_path / "run" / "eval" / "test"
+    writer = ViewerWriter(out, ViewerConfig(enabled=True), [
+        RunInfo("mine", str(out / "predictions.json"), Layout("grid", (2, 2))),
+        RunInfo("other", str(tmp_path / "other" / "eval" / "predictions.json"), Layout("grid", (2, 2)))],
+        kind="image", title="t")
+    writer.add(ViewerItem("7", [ViewerRun(["a"], np.full((1, 4), 0.25)), None], pixels=np.zeros((8, 8, 3), np.uint8)))
+    root = writer.close().parent
+    (ix,) = _load_js(root / "data" / "index.js")
+    assert [r["source"] for r in ix["runs"]] == ["../predictions.json", "../../../../other/eval/predictions.json"]
+    written = "".join(p.read_text(encoding="utf-8") for p in root.rglob("*") if p.suffix in (".html", ".js"))
+    assert str(tmp_path) not in written and "/tmp" not in written
+
+
 def test_the_static_files_are_package_data():
     pyproject = (REPO / "pyproject.toml").read_text()
     assert re.search(r'"captioning\.viz\.viewer"\s*=\s*\[\s*"static/\*"\s*\]', pyproject)

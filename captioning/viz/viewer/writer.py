@@ -23,7 +23,7 @@ from PIL import Image
 from captioning.viz.viewer.config import ViewerConfig
 from captioning.viz.viewer.items import Layout, ViewerItem, ViewerRun
 
-__all__ = ["ViewerWriter", "RunInfo", "encode_attention", "STATIC_FILES"]
+__all__ = ["ViewerWriter", "RunInfo", "encode_attention", "relative_source", "STATIC_FILES"]
 
 STATIC_FILES = ("index.html", "viewer.js", "viewer.css")
 FORMAT_VERSION = 1
@@ -31,12 +31,23 @@ FORMAT_VERSION = 1
 
 class RunInfo(dict):
     """What the page says about a run: ``name``, ``source`` (its file), ``layout``, ``hard`` (argmax
-    attention), ``streams`` (the feature streams joined per position) and a ``note``."""
+    attention), ``streams`` (the feature streams joined per position) and a ``note``.  The writer
+    shows ``source`` relative to the viewer's folder (``relative_source``)."""
 
     def __init__(self, name: str, source: str, layout: Layout, *, hard: bool = False,
                  streams: Sequence[str] | None = None, note: str | None = None) -> None:
         super().__init__(name=name, source=source, layout=layout.to_dict(), hard=bool(hard),
                          streams=list(streams) if streams else None, note=note)
+
+
+def relative_source(source: str, folder: Path) -> str:
+    """``source`` as the page names it: relative to the viewer's ``folder`` (``../predictions.json``),
+    so the page shows no path of the machine it was written on and still names the run's files when
+    its output folder is copied or moved; a file on another drive (Windows): its name alone."""
+    try:
+        return Path(os.path.relpath(Path(source).resolve(), Path(folder).resolve())).as_posix()
+    except ValueError:
+        return Path(source).name
 
 
 def encode_attention(rows: np.ndarray) -> str:
@@ -95,7 +106,8 @@ class ViewerWriter:
         shutil.rmtree(self.root, ignore_errors=True)
         (self.root / "data").mkdir(parents=True)
         (self.root / "images").mkdir()
-        self.runs, self.kind, self.title = list(runs), kind, title
+        self.runs = [{**r, "source": relative_source(r["source"], self.final)} for r in runs]
+        self.kind, self.title = kind, title
         self.index: list[dict[str, Any]] = []
         self.page: list[dict[str, Any]] = []
         self.pages = 0
