@@ -88,6 +88,8 @@ class CaptioningModule(pl.LightningModule):
         self._compiled_loss: Any = None
         self._finite: torch.Tensor | None = None  # this update's losses were all finite (device)
         self._last: tuple = ()  # the last batch's loss, epoch, batch, global step, items
+        self._epoch_loss: torch.Tensor | None = None  # this epoch's sum of loss x rows (device)
+        self._epoch_rows = 0
         self._val_outputs: list[tuple[int, str]] = []
 
     @classmethod
@@ -132,10 +134,20 @@ class CaptioningModule(pl.LightningModule):
         self._finite = finite if self._finite is None else self._finite & finite  # accumulated batches too
         self._last = (loss.detach().clone(), self.current_epoch, batch_idx, self.global_step, batch.index)
         rows = batch.tokens.shape[0] if batch.tokens is not None else batch.index.shape[0]
-        for name, value in losses.items():
-            self.log(f"train/{name}", value.detach().float(), on_step=True, on_epoch=name == "loss",
-                     batch_size=rows, sync_dist=False)
+        weighted = loss.detach().float() * rows
+        self._epoch_loss = weighted if self._epoch_loss is None else self._epoch_loss + weighted
+        self._epoch_rows += rows
+        if self.logging_step():  # Lightning's log() costs ~1 ms of host time a call: only where it is written
+            for name, value in losses.items():
+                self.log(f"train/{name}_step" if name == "loss" else f"train/{name}", value.detach().float(),
+                         on_step=True, on_epoch=False, batch_size=rows, sync_dist=False)
         return loss
+
+    def logging_step(self) -> bool:
+        """Whether Lightning writes this batch's values to the loggers: every ``trainer.log_every_n_steps``
+        optimizer steps, and when the run stops (its ``should_update_logs``, asked during the step)."""
+        every = self.trainer.log_every_n_steps
+        return every > 0 and ((self.global_step + 1) % every == 0 or self.trainer.should_stop)
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         """The closure (``training_step``, backward), then ``optim.apply_update``: gradients clipped
@@ -154,14 +166,20 @@ class CaptioningModule(pl.LightningModule):
         if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
             self.report(log_count=True)
 
+    def on_train_epoch_start(self) -> None:
+        self._epoch_loss, self._epoch_rows = None, 0
+
     def on_train_epoch_end(self) -> None:
+        if self._epoch_loss is not None:  # the epoch's mean loss per caption (Lightning's on_epoch mean)
+            self.log("train/loss_epoch", self._epoch_loss / max(1, self._epoch_rows), on_step=False, on_epoch=True,
+                     sync_dist=False)
         self.report()
 
     def report(self, log_count: bool = False) -> None:
         """A logging step: the values logged since the last one and the updates' verdicts read, a
         warning per skipped update (``optim.nonfinite=stop``: the error), the progress bars' values."""
-        metrics = {k.split("/", 1)[1]: v for k, v in self.trainer.callback_metrics.items()
-                   if k.startswith("train/") and not k.endswith(("_epoch", "_step")) and v.numel() == 1}
+        metrics = {k.split("/", 1)[1].removesuffix("_step"): v for k, v in self.trainer.callback_metrics.items()
+                   if k.startswith("train/") and not k.endswith("_epoch") and v.numel() == 1}
         if metrics:
             values = torch.stack([v.detach().float().to(self.device) for v in metrics.values()]).tolist()
             self.progress_metrics = {k: round(v, 4) for k, v in zip(metrics, values, strict=True)}
