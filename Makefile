@@ -19,9 +19,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## make demo: synthetic data -> features -> train -> evaluate -> captions + heatmaps (CPU, < 15 min)
-demo: $(STAMP)
-	$(PY) -m captioning.demo
+## make demo: the README's pipeline commands on synthetic data -> features -> train -> evaluate -> captions +
+## heatmaps (CPU); prints its time, the install included
+demo:
+	@start=$$(date +%s); $(MAKE) --no-print-directory install && $(PY) -m captioning.demo && \
+	  echo "make demo: $$(( $$(date +%s) - start )) s in all, the install included"
 
 ## make test: the whole suite, end-to-end runs included (what CI runs). One pytest worker per
 ## core (pytest-xdist), a test file per worker (its module fixtures are built once), one torch

@@ -1,11 +1,12 @@
-"""``make demo``: the whole pipeline on the embedded synthetic data, on CPU, in minutes.
+"""``make demo``: the README's pipeline commands on the embedded synthetic data, on CPU, in minutes.
 
-generate shapes -> extract EfficientNet-Lite0 grids -> train soft attention -> evaluate
-(beam 3) -> captions + per-word heatmaps + HTML gallery.  Each step is the real CLI, as
-a user would type it; re-running skips finished work (data stamp, store, last.ckpt).
-
-The grid and the decoder are chosen so that attention lands on the object a word names within
-the time budget (docs/demo.md: what was tried, each measured on val, and the time per step).
+generate shapes -> extract features -> train soft attention -> evaluate val and test (beam search,
+the attention viewer) -> captions + per-word heatmaps + HTML gallery.  Each step is a command of
+the README's pipeline section (``PIPELINE``), run through the real CLI with the defaults it shows;
+the demo adds only the CPU budget (``SIZE_KEYS``: a CPU-sized LSTM, its epochs and learning rate, the
+number of images: the budget the defaults study chose the defaults under), where
+the files go (``WHERE_KEYS``) and how progress shows (``SHOW_KEYS``): tests/test_demo.py holds both.
+Re-running skips finished work (data stamp, store, last.ckpt).  It prints its total time.
 """
 
 from __future__ import annotations
@@ -18,25 +19,55 @@ from pathlib import Path
 
 from captioning.utils.io import read_json
 
-# The demo's grid: EfficientNet-Lite0's stride-16 stage at 224 px (encoder.layer=-2), 14x14x112,
-# 16-px cells, an object ~3x3 cells. The last stage's 7x7 grid (32-px cells that see far beyond
-# them) pointed at the named object 0.27-0.29 of the time; this one 0.87-0.98 (val, docs/demo.md),
-# and it stops the network two stages early (27 vs 21 images per CPU-second). A store of its own:
-# the default store (features/efficientnet_lite0) keeps the 7x7x1280 grid.
-STORE = "efficientnet_lite0_stride16"
-EXTRACT = ["encoder=efficientnet_lite0", "encoder.image_size=224", "encoder.layer=-2"]
-# Soft attention with a learned 2-D position code of each cell, lambda = 0 and a CPU-sized 128-d LSTM.
-# Without a position code the stride-16 grid pointed 0.28 of the time: its 112 channels say what is in a
-# cell, hardly where. The learned code pointed 0.87-0.98 over five training seeds; the sinusoidal one
-# 0.62-0.99 over three (docs/demo.md).
-MODEL = ["model=soft_attention", "model.position_code=learned", "model.doubly_stochastic=0.0",
-         "model.hidden_dim=128", "model.embed_dim=64", "model.attention_dim=64", "optim.lr=2e-3"]
+#: the README pipeline's commands of the jobs the demo runs, as the README writes them (less the
+#: checkpoint, inputs and output folder of evaluate and caption, which the demo fills in)
+PIPELINE = {
+    "generate": ["dataset=shapes"],
+    "extract": ["data=shapes", "encoder=efficientnet_lite0", "trainer=cpu"],
+    "train": ["data=shapes", "model=soft_attention", "trainer=cpu"],
+    "evaluate": ["split=test", "viewer=true"],
+    "caption": [],
+}
+#: what the demo may add to them: sizes only, where the files go, how progress shows
+SIZE_KEYS = ("num_items", "data.num_items", "model.hidden_dim", "model.embed_dim", "model.attention_dim",
+             "trainer.max_epochs", "optim.lr")
+WHERE_KEYS = ("root", "data.root", "ckpt_path", "inputs", "output_dir", "hydra.run.dir")
+SHOW_KEYS = ("callbacks.progress.bar", "trainer.enable_progress_bar")
+# A CPU-sized LSTM (the default is 512-d with 256-d embeddings and attention) and the learning rate its
+# 4 epochs were chosen with (docs/results/demo_grid.md; the defaults study trained every candidate so).
+CPU_LSTM = ["model.hidden_dim=128", "model.embed_dim=64", "model.attention_dim=64", "optim.lr=2e-3"]
 EPOCHS = 4
+IMAGES = 3000  # captioning-generate's default for shapes
+DATA_ROOT = "data/shapes"  # conf/data/shapes.yaml's root
 
 
-def data_args(root: str, images: int) -> list[str]:
-    """The dataset and the demo's store, as the extract and the train step both get them."""
-    return ["data=shapes", f"data.root={root}", f"data.num_items={images}", f"features_dir={root}/features/{STORE}"]
+def where_data(root: str, images: int) -> list[str]:
+    """The dataset's folder and size, as extract and train get them (nothing when the defaults)."""
+    return ([f"data.root={root}"] if root != DATA_ROOT else []) + ([f"data.num_items={images}"] if images != IMAGES else [])
+
+
+def first_steps(out: str, root: str, images: int, epochs: int) -> list[tuple[str, str, list[str]]]:
+    """(title, job, arguments) of generate, extract and train."""
+    generate = ([f"root={root}"] if root != DATA_ROOT else []) + ([f"num_items={images}"] if images != IMAGES else [])
+    return [("1/5 generate synthetic images", "generate", [*PIPELINE["generate"], *generate]),
+            ("2/5 extract CNN features", "extract", [*PIPELINE["extract"], *where_data(root, images)]),
+            ("3/5 train soft attention", "train", [*PIPELINE["train"], *where_data(root, images), *CPU_LSTM,
+                                                  f"trainer.max_epochs={epochs}", f"hydra.run.dir={out}/train",
+                                                  "callbacks.progress.bar=tqdm"])]
+
+
+def last_steps(out: str, ckpt: str, inputs: list[str]) -> list[tuple[str, str, list[str]]]:
+    """(title, job, arguments) of the evaluations (val, then test: the README's command on both) and captioning."""
+    steps = []
+    for split in ("val", "test"):
+        args = [a if a != "split=test" else f"split={split}" for a in PIPELINE["evaluate"]]
+        steps.append((f"4/5 evaluate on {split}", "evaluate", [f"ckpt_path={ckpt}", *args, f"output_dir={out}/eval/{split}",
+                                                              f"hydra.run.dir={out}/hydra/evaluate-{split}",
+                                                              "trainer.enable_progress_bar=false"]))
+    steps.append(("5/5 caption images with attention heatmaps", "caption",
+                  [f"ckpt_path={ckpt}", *PIPELINE["caption"], f"inputs=[{','.join(inputs)}]",
+                   f"output_dir={out}/captions", f"hydra.run.dir={out}/hydra/caption"]))
+    return steps
 
 
 def step(title: str, module: str, *args: str) -> None:
@@ -51,31 +82,22 @@ def step(title: str, module: str, *args: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=3000, help="synthetic images to generate")
+    parser.add_argument("--images", type=int, default=IMAGES, help="synthetic images to generate")
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--out", default="outputs/demo")
-    parser.add_argument("--data-root", default="data/shapes", help="where the images and features go")
+    parser.add_argument("--data-root", default=DATA_ROOT, help="where the images and features go")
     args = parser.parse_args(argv)
-    out, root = Path(args.out), args.data_root
-    run = f"{out}/train"
-    data = data_args(root, args.images)
+    out, root = args.out, args.data_root
     t0 = time.time()
-    step("1/5 generate synthetic images", "generate", "dataset=shapes", f"num_items={args.images}", f"root={root}")
-    step("2/5 extract CNN grids", "extract", *data, *EXTRACT, "trainer=cpu")
-    step("3/5 train soft attention", "train", *data, *MODEL, "trainer=cpu", f"trainer.max_epochs={args.epochs}",
-         f"hydra.run.dir={run}", "callbacks.progress.bar=tqdm")
-    summary = read_json(Path(run, "train_summary.json"), "training summary")
+    for title, job, job_args in first_steps(out, root, args.images, args.epochs):
+        step(title, job, *job_args)
+    summary = read_json(Path(out, "train", "train_summary.json"), "training summary")
     ckpt = summary["best_checkpoint"] or summary["last_checkpoint"]
-    for split in ("val", "test"):
-        viewer = ["viewer=true", "decode.n_best=3"] if split == "test" else []  # the attention viewer, 3 best captions
-        step(f"4/5 evaluate on {split} (beam 3)", "evaluate", f"ckpt_path={ckpt}", f"split={split}",
-             "decode.beam_size=3", f"output_dir={out}/eval/{split}", f"hydra.run.dir={out}/hydra/evaluate-{split}",
-             "trainer.enable_progress_bar=false", *viewer)
     test_ann = read_json(Path(root, "annotations", "captions_test.json"), "test annotations")
     images = [f"{root}/images/{im['file_name']}" for im in test_ann["images"][:12]]
-    step("5/5 caption images with attention heatmaps", "caption", f"ckpt_path={ckpt}",
-         f"inputs=[{','.join(images)}]", f"output_dir={out}/captions", f"hydra.run.dir={out}/hydra/caption")
-    print_summary(out, run, ckpt, time.time() - t0)
+    for title, job, job_args in last_steps(out, ckpt, images):
+        step(title, job, *job_args)
+    print_summary(Path(out), f"{out}/train", ckpt, time.time() - t0)
 
 
 def split_line(out: Path, split: str) -> tuple[str, dict]:
@@ -94,7 +116,7 @@ def split_line(out: Path, split: str) -> tuple[str, dict]:
 
 
 def print_summary(out: Path, run: str, ckpt: str, seconds: float) -> None:
-    print(f"\nDemo finished in {seconds / 60:.1f} min.")
+    print(f"\nDemo finished in {seconds / 60:.1f} min ({seconds:.0f} s).")
     print(f"  checkpoint:      {ckpt}")
     lines, grounding = zip(*(split_line(out, split) for split in ("val", "test")), strict=True)
     print("\n".join(lines))
@@ -106,6 +128,7 @@ def print_summary(out: Path, run: str, ckpt: str, seconds: float) -> None:
     print(f"  captions + maps: {out}/captions/captions.json, {out}/captions/index.html")
     print(f"  attention viewer: {out}/eval/test/viewer/index.html (open it in a browser: hover a word)")
     print(f"  logs:            {run}/tensorboard (tensorboard --logdir {run})")
+
 
 if __name__ == "__main__":
     main()

@@ -41,8 +41,9 @@ PAPERS = {
                          "model.deep_output": True, "decode.block_trigrams": False},
     "venugopalan2015_meanpool": {"model.variant": "mean_pool", "model.num_layers": 2, "model.hidden_dim": 1000},
     "vinyals2015_showtell": {"model.variant": "show_tell", "decode.strategy": "beam"},
-    "rennie2017_scst": {"scst.baseline": "greedy", "scst.samples": 1, "optim.lr": 5e-5},
-    "luo2020_scst": {"scst.baseline": "mean", "scst.samples": 5, "optim.lr": 5e-5},
+    # the SCST papers start from the XE model of stage 1 (xu2015_soft): its architecture, no position code
+    "rennie2017_scst": {"scst.baseline": "greedy", "scst.samples": 1, "optim.lr": 5e-5, "model.position_code": "none"},
+    "luo2020_scst": {"scst.baseline": "mean", "scst.samples": 5, "optim.lr": 5e-5, "model.position_code": "none"},
 }
 # ours preset -> (its paper's preset, the keys it changes and their values)
 OURS = {
@@ -75,8 +76,9 @@ def test_ours_differs_from_its_paper_in_exactly_the_documented_keys(ours):
 
 def test_lstm_defaults_have_one_source_of_truth():
     """Every key a conf/model yaml sets equals the dataclass default, except the keys the yaml exists
-    to set (listed here); lambda defaults to 0 in both."""
-    own = {"soft_attention": set(), "hard_attention": {"variant"}, "mean_pool": {"variant", "gate"},
+    to set (listed here: soft attention's position code is the defaults study's decision, the dataclass
+    keeps the paper's none); lambda defaults to 0 in both."""
+    own = {"soft_attention": {"position_code"}, "hard_attention": {"variant"}, "mean_pool": {"variant", "gate"},
            "show_tell": {"variant", "gate", "deep_output"}, "temporal_attention": {"position_code"}}
     defaults = {f.name: f.default for f in dataclasses.fields(LSTMConfig)}
     assert defaults["doubly_stochastic"] == 0.0

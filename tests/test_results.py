@@ -165,3 +165,19 @@ def test_the_defaults_study_report_regenerates_byte_for_byte_and_follows_its_rec
         edited = [{**records[0], "metrics": {**records[0]["metrics"], "CIDEr": records[0]["metrics"]["CIDEr"] + 0.01}},
                   *records[1:]]
         assert write_study_report(cfg, edited, tmp_path / "edited").read_bytes() != path.read_bytes()
+
+
+def test_every_number_of_the_defaults_choice_in_the_findings_is_in_the_study_report():
+    """docs/findings.md's section on the default grid and code quotes the study's report (which
+    regenerates from its records) or the extraction record it links; shown failing on an edited figure."""
+    text = section(REPO / "docs" / "findings.md", "The default grid and position code")
+    report = (RESULTS / "defaults_study.md").read_text(encoding="utf-8")
+    grids = (RESULTS / "extract" / "images_cpu_grids.jsonl").read_text(encoding="utf-8")
+    extra = {"0.85", "0.95", "0.02", "0.06"}  # the rule's constants (conf/reproduce/defaults_study.yaml), chance
+    held = decimals(report) | {m for m in re.findall(r"\d+\.\d+", grids)} | extra
+
+    def missing(t: str) -> set[str]:
+        return decimals(t) - held
+
+    assert decimals(text) and not missing(text), missing(text)
+    assert missing(text.replace("7.702", "7.712")) == {"7.712"}
