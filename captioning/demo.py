@@ -12,6 +12,7 @@ Re-running skips finished work (data stamp, store, last.ckpt).  It prints its to
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -117,7 +118,7 @@ def split_line(out: Path, split: str) -> tuple[str, dict]:
 
 def print_summary(out: Path, run: str, ckpt: str, seconds: float) -> None:
     print(f"\nDemo finished in {seconds / 60:.1f} min ({seconds:.0f} s).")
-    print(f"  checkpoint:      {ckpt}")
+    print(f"  checkpoint:      {os.path.relpath(ckpt)}")  # as the other paths: from where the demo ran
     lines, grounding = zip(*(split_line(out, split) for split in ("val", "test")), strict=True)
     print("\n".join(lines))
     val = grounding[0]

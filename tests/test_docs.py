@@ -15,7 +15,9 @@
   backticks exists: ``captioning.x.y`` names, CamelCase and upper-case names, ``function(...)``
   calls, ``models/x.py`` and ``conf/...yaml`` paths (the rules: "code names" below), and no
   absolute path of one machine (``/work/...``, ``/home/...``, a virtual environment) appears;
-- no stale names anywhere in the docs, the package, the configs or the tests.
+- no stale names anywhere in the docs, the package, the configs or the tests;
+- no image of the docs prints a path of one machine: a screenshot of a page carries the page's text
+  (``tests/screenshots.py``), which names no absolute path, and the viewer's screenshots carry it.
 
 All commands run in one subprocess (``python tests/test_docs.py`` reads them as JSON on stdin), so
 the CLIs are imported once.  Placeholders (``<ckpt>``) become their inner word and shell variables
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from screenshots import ABSOLUTE_PATH, TEXT_KEY, image_text, save_screenshot
 
 REPO = Path(__file__).resolve().parents[1]
 STALE = {  # name -> what replaced it
@@ -505,6 +508,54 @@ def test_no_stale_names():
             for m in pattern.finditer(line):
                 hits.append(f"{rel(path)}:{i}: {m.group(0)} (now: {STALE[m.group(0).lower()]})")
     assert not hits, "\n".join(hits)
+
+
+# ----- images
+
+
+def doc_images(files: list[Path]) -> list[Path]:
+    """The local images the docs show (links ending in .png, .jpg, .jpeg)."""
+    return sorted({(path.parent / t.partition("#")[0]).resolve() for path in files for _, t in links(path)
+                   if not is_external(t) and t.lower().endswith((".png", ".jpg", ".jpeg"))})
+
+
+def image_problems(images: list[Path], repo: Path = REPO) -> list[str]:
+    """A viewer screenshot without its page's text, and an image whose page text names an absolute path."""
+    problems = []
+    for img in images:
+        text, where = image_text(img), img.relative_to(repo.resolve())
+        if text is None and img.stem.startswith("viewer"):
+            problems.append(f"{where}: a viewer screenshot without its page's text: take it with "
+                            "python tests/test_viewer_browser.py <viewer/index.html> <out.jpg>")
+        elif text and ABSOLUTE_PATH.search(text):
+            problems.append(f"{where}: the page it shows prints {ABSOLUTE_PATH.search(text).group(0)}: a path of one machine")
+    return problems
+
+
+def test_the_image_checker_finds_a_machine_path_and_a_viewer_screenshot_without_text(tmp_path):
+    from PIL import Image
+
+    pixels = Image.new("RGB", (8, 8)).tobytes()
+    png = tmp_path / "p.png"
+    Image.frombytes("RGB", (8, 8), pixels).save(png)
+    Image.open(png).save(tmp_path / "viewer.jpg", comment=f"{TEXT_KEY}:\ntrain /tmp/i44_demo/out/predictions.json".encode())
+    Image.open(png).save(tmp_path / "viewer_old.jpg")
+    save_screenshot(png.read_bytes(), tmp_path / "viewer_ok.jpg", "train ../predictions.json  1/2  row 3")
+    with pytest.raises(ValueError, match="prints a path of this machine"):
+        save_screenshot(png.read_bytes(), tmp_path / "never.jpg", r"run C:\Users\me\predictions.json")
+    assert image_text(tmp_path / "viewer_ok.jpg") == "train ../predictions.json  1/2  row 3"
+    got = image_problems([(tmp_path / n).resolve() for n in ("viewer.jpg", "viewer_old.jpg", "viewer_ok.jpg", "p.png")],
+                         repo=tmp_path)
+    assert got == ["viewer.jpg: the page it shows prints /tmp/i44_demo/out/predictions.json: a path of one machine",
+                   "viewer_old.jpg: a viewer screenshot without its page's text: take it with "
+                   "python tests/test_viewer_browser.py <viewer/index.html> <out.jpg>"]
+
+
+def test_no_image_of_the_docs_prints_a_path_of_one_machine():
+    images = doc_images(doc_files())
+    assert any(p.stem == "viewer" for p in images), "the viewer's screenshot is among the docs' images"
+    problems = image_problems(images)
+    assert not problems, "\n".join(problems)
 
 
 # ----- checkpoint files

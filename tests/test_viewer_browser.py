@@ -36,6 +36,7 @@ from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import run_cli  # noqa: E402
+from screenshots import save_screenshot  # noqa: E402
 
 from captioning.viz.viewer import Layout, RunInfo, ViewerConfig, ViewerItem, ViewerRun, ViewerWriter  # noqa: E402
 
@@ -72,14 +73,15 @@ def open_viewer(ctx, index_html: Path, key: str | None = None):
 
 def screenshot(ctx, index_html: Path, out_png: Path, key: str | None = None) -> dict:
     """Open the viewer, hover the first word whose object the data name (else the second word) and
-    save a screenshot; returns what the page reported for that word."""
+    save a screenshot with the page's text inside it (tests/screenshots.py: refused when the page
+    prints an absolute path); returns what the page reported for that word and its runs' files."""
     page = open_viewer(ctx, index_html, key)
     grounded = page.evaluate("Viewer.state.item.r[0].g")
     t = grounded[0]["t"] if grounded else min(1, len(page.evaluate("Viewer.state.item.r[0].tok")) - 1)
     page.hover(f"#panel-0 .w[data-t='{t}']")
-    page.screenshot(path=str(out_png), quality=85 if out_png.suffix in (".jpg", ".jpeg") else None)
+    save_screenshot(page.screenshot(), out_png, page.inner_text("body"))
     shown = {"t": t, "word": page.get_attribute("#panel-0", "data-word"), "argmax": page.get_attribute("#panel-0", "data-argmax"),
-             "info": page.inner_text("#info-0")}
+             "info": page.inner_text("#info-0"), "sources": page.eval_on_selector_all(".panel .src", "ps => ps.map(p => p.textContent)")}
     page.close()
     return shown
 
@@ -258,6 +260,8 @@ def test_the_named_object_is_outlined_and_its_pointing_matches_the_report(browse
     shown = screenshot(browser, out / "viewer" / "index.html", tmp_path / "viewer.png", key)  # docs/img/viewer.jpg's way
     assert shown["t"] == g["t"] and f'"{shown["word"]}"' in shown["info"]
     assert (tmp_path / "viewer.png").stat().st_size > 10_000
+    assert shown["sources"][0] == "../predictions.json"  # the run's file, relative to the viewer's folder
+    assert not any(str(tmp_path) in s for s in shown["sources"])
 
 
 def test_compare_view_shows_the_other_checkpoint(browser, evaluated, tmp_path):
