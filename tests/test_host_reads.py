@@ -41,15 +41,18 @@ class HostReads(TorchDispatchMode):
         self.windows: list[tuple[int, int]] = []
         self.reads: Counter = Counter()
         self.logging: set[tuple[int, int]] = set()  # windows with a logging step, an epoch end, a validation
+        self.written: set[tuple[int, int]] = set()  # windows where a logger wrote, an epoch ended, a validation ran
+        self.reported: set[tuple[int, int]] = set()  # windows where the module read its logged values
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.window is not None and func in READS:
             self.reads[self.window] += 1
         return func(*args, **(kwargs or {}))
 
-    def flag(self) -> None:
+    def flag(self, into: str = "written") -> None:
         if self.window is not None:
             self.logging.add(self.window)
+            getattr(self, into).add(self.window)
 
 
 COUNTER: HostReads | None = None  # the test's counter, for the callback the job builds from its config
@@ -72,9 +75,9 @@ class Windows(pl.Callback):
         COUNTER.window = None
 
 
-def _flagging(method):
+def _flagging(method, into: str = "written"):
     def wrapped(self, *args, **kwargs):
-        COUNTER.flag()
+        COUNTER.flag(into)
         return method(self, *args, **kwargs)
     return wrapped
 
@@ -90,7 +93,7 @@ def count_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str
     cfg.output_dir = str(tmp_path / "run")
     for cls in (CSVLogger, TensorBoardLogger):
         monkeypatch.setattr(cls, "log_metrics", _flagging(cls.log_metrics))
-    monkeypatch.setattr(CaptioningModule, "report", _flagging(CaptioningModule.report))
+    monkeypatch.setattr(CaptioningModule, "report", _flagging(CaptioningModule.report, "reported"))
     COUNTER = HostReads()
     with COUNTER:
         train(to_config(cfg, TrainConfig))
@@ -104,6 +107,8 @@ def check(counter: HostReads) -> None:
     outside = sorted(reading - counter.logging)
     assert not outside, (f"{len(outside)} of {len(quiet)} iterations outside a logging step read a device value "
                          f"({dict((w, counter.reads[w]) for w in outside[:5])} ...)")
+    unwritten = sorted(counter.reported - counter.written)
+    assert not unwritten, f"the module reported in {len(unwritten)} iterations where no logger wrote: {unwritten[:5]}"
 
 
 @pytest.mark.parametrize("batching", ["image", "caption"])
@@ -111,6 +116,13 @@ def test_no_iteration_outside_a_logging_step_reads_a_device_value(tmp_path: Path
                                                                   batching: str) -> None:
     """The default (eager on a CPU) path, per-image and per-caption batches, default callbacks."""
     check(count_reads(tmp_path, monkeypatch, f"data.batching={batching}"))
+
+
+def test_accumulated_batches_report_only_where_a_logger_writes(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trainer.accumulate_grad_batches=2``: the global step stands still over a batch that only
+    accumulates, so a rule on the step alone would report (and read) on both batches of a logging update."""
+    check(count_reads(tmp_path, monkeypatch, "trainer.accumulate_grad_batches=2"))
 
 
 def test_the_compiled_step_reads_no_device_value_outside_a_logging_step(tmp_path: Path,

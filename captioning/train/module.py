@@ -88,6 +88,7 @@ class CaptioningModule(pl.LightningModule):
         self._compiled_loss: Any = None
         self._finite: torch.Tensor | None = None  # this update's losses were all finite (device)
         self._last: tuple = ()  # the last batch's loss, epoch, batch, global step, items
+        self._report_due = False  # the update just taken was a logging step's: report at the batch's end
         self._epoch_loss: torch.Tensor | None = None  # this epoch's sum of loss x rows (device)
         self._epoch_rows = 0
         self._val_outputs: list[tuple[int, str]] = []
@@ -153,6 +154,7 @@ class CaptioningModule(pl.LightningModule):
         """The closure (``training_step``, backward), then ``optim.apply_update``: gradients clipped
         as ``trainer.gradient_clip_val`` says and the update skipped on the device when a loss or a
         gradient is not finite.  A GradScaler run (``precision=16-mixed``) keeps Lightning's step."""
+        self._report_due = self.logging_step()  # asked before Lightning counts this update
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         if optimizer_closure is not None:
@@ -163,7 +165,8 @@ class CaptioningModule(pl.LightningModule):
         self.nonfinite.add(found, *self._last)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+        if self._report_due:  # only after an update (not after an accumulated batch), at a logging step
+            self._report_due = False
             self.report(log_count=True)
 
     def on_train_epoch_start(self) -> None:
