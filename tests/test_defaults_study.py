@@ -152,8 +152,9 @@ def test_the_report_is_written_from_the_records_alone(tmp_path, capsys):
 
 def test_the_configured_defaults_are_the_studys_decision():
     """What ``captioning-extract ... encoder=efficientnet_lite0`` and ``model=soft_attention`` give by
-    default is the image rule's decision from the committed records (docs/results/defaults_study.md);
-    it fails when either config says otherwise, and while the study is incomplete."""
+    default is the image rule's decision from the committed records (docs/results/defaults_study.md),
+    and ``model=temporal_attention``'s time code the video rule's; it fails when a config says
+    otherwise, and while the study is incomplete."""
     import yaml
     from conftest import REPO
     from hydra import compose, initialize_config_dir
@@ -162,12 +163,16 @@ def test_the_configured_defaults_are_the_studys_decision():
     import captioning.cli.train  # noqa: F401  (registers the train and decoder schemas)
     from captioning_reproduce.defaults_report import load_study_records
 
-    decision = decide_image(CFG, load_study_records(REPO / "docs" / "results" / "defaults"))
+    records = load_study_records(REPO / "docs" / "results" / "defaults")
+    decision, video = decide_image(CFG, records), decide_video(CFG, records)
     assert decision.chosen is not None and decision.bar_met, decision.reasons
+    assert video.chosen is not None, video.reasons
     store, code = decision.chosen.rsplit("-", 1)
     want = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in CFG["studies"]["image"]["stores"][store])}
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
         extract, train = compose("extract"), compose("train", overrides=["model=soft_attention"])
+        temporal = compose("train", overrides=["model=temporal_attention"])
     got = {"encoder": extract.encoder.name, **{f"encoder.{k}": extract.encoder[k] for k in ("image_size", "layer")}}
     assert got == want
     assert train.model.position_code == code
+    assert temporal.model.position_code == video.chosen.rsplit("-", 1)[1]
