@@ -2,7 +2,7 @@
 
 ``provenance(...)`` is a plain-data record written into checkpoints, ``train_summary.json``,
 ``metrics.json`` and the other outputs: the package version, the git commit of the checkout the
-code ran from (with a ``dirty`` flag for uncommitted changes; absent for an installed package),
+code ran from (with a ``dirty`` flag for uncommitted changes outside ``docs/``; absent for an installed package),
 the torch / Lightning / Python versions, the feature store's identity (``store_id``:
 ``captioning.store.layout.store_id``) and the run's fingerprint (``captioning.train.identity``).
 """
@@ -26,18 +26,24 @@ from captioning.utils.io import atomic_write_json, file_sha256
 def code_version() -> dict[str, Any]:
     """Package version, and the git commit (+ dirty flag) when running from a checkout."""
     out: dict[str, Any] = {"version": captioning.__version__}
-    repo = Path(captioning.__file__).resolve().parents[1]
+    return {**out, **checkout_state(Path(captioning.__file__).resolve().parents[1])}
+
+
+def checkout_state(repo: Path) -> dict[str, Any]:
+    """``git_commit`` and ``git_dirty`` of a checkout (empty when ``repo`` is not a checkout or git fails).
+    Dirty means a tracked file outside ``docs/`` differs from the commit: ``docs/`` holds the
+    reports the reproduction writes between its runs, which change no run."""
     if not (repo / ".git").exists():
-        return out
+        return {}
     try:
         commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                                 text=True, timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10, check=True).stdout
+        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no",
+                                 "--", ".", ":(exclude)docs"], capture_output=True, text=True, timeout=10,
+                                check=True).stdout
     except (OSError, subprocess.SubprocessError):
-        return out
-    out.update(git_commit=commit, git_dirty=bool(status.strip()))
-    return out
+        return {}
+    return {"git_commit": commit, "git_dirty": bool(status.strip())}
 
 
 def provenance(*, store: str | None = None, run: str | None = None, **extra: Any) -> dict[str, Any]:
