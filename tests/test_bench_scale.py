@@ -77,7 +77,8 @@ def test_the_writer_and_the_plain_write_write_the_same_bytes(records) -> None:
         assert all(x["data_bytes"] == WRITE_ITEMS * ITEM_BYTES + shards * 128 for x in r["rounds"])
         median = sorted(r["rounds"], key=lambda x: x[key])[1]
         assert (r["value"], r["limit"], r["ratio"]) == (median[speed], median["plain_mb_per_s"], median[key])
-        assert r["ratio"] == pytest.approx(r["value"] / r["limit"], rel=0.02)
+        # the ratio is rounded to 3 decimals (write._ratio): a slow round's 0.011 is 0.0108 of the speeds
+        assert r["ratio"] == pytest.approx(r["value"] / r["limit"], rel=0.02, abs=1e-3)
         assert all(x["cpu_ratio"] is None or x["cpu_ratio"] > 0 for x in r["rounds"])
 
 
