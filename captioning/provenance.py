@@ -25,8 +25,7 @@ from captioning.utils.io import atomic_write_json, file_sha256
 @functools.lru_cache(maxsize=1)
 def code_version() -> dict[str, Any]:
     """Package version, and the git commit (+ dirty flag) when running from a checkout."""
-    out: dict[str, Any] = {"version": captioning.__version__}
-    return {**out, **checkout_state(Path(captioning.__file__).resolve().parents[1])}
+    return {"version": captioning.__version__, **checkout_state(Path(captioning.__file__).resolve().parents[1])}
 
 
 def checkout_state(repo: Path) -> dict[str, Any]:

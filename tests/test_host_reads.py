@@ -40,7 +40,6 @@ class HostReads(TorchDispatchMode):
         self.window: tuple[int, int] | None = None
         self.windows: list[tuple[int, int]] = []
         self.reads: Counter = Counter()
-        self.logging: set[tuple[int, int]] = set()  # windows with a logging step, an epoch end, a validation
         self.written: set[tuple[int, int]] = set()  # windows where a logger wrote, an epoch ended, a validation ran
         self.reported: set[tuple[int, int]] = set()  # windows where the module read its logged values
 
@@ -49,9 +48,13 @@ class HostReads(TorchDispatchMode):
             self.reads[self.window] += 1
         return func(*args, **(kwargs or {}))
 
+    @property
+    def logging(self) -> set[tuple[int, int]]:
+        """Windows with a logging step, an epoch end or a validation: where a read is allowed."""
+        return self.written | self.reported
+
     def flag(self, into: str = "written") -> None:
         if self.window is not None:
-            self.logging.add(self.window)
             getattr(self, into).add(self.window)
 
 
